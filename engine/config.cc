@@ -161,4 +161,24 @@ bool ModelConfig::IsEos(int token) const {
   return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
 }
 
+int64_t ModelConfig::ParameterCount() const {
+  const int64_t h = hidden_size;
+  const int64_t per_layer = h * q_size() + 2 * h * kv_size() + int64_t{q_size()} * h +
+                            3 * h * intermediate_size + 2 * h;
+  const int64_t embed = int64_t{vocab_size} * h;
+  return embed + num_layers * per_layer + h + (tie_word_embeddings ? 0 : embed);
+}
+
+double ModelConfig::PrefillFlops(int num_tokens) const {
+  const double t = num_tokens;
+  const double matmul_params = static_cast<double>(ParameterCount()) -
+                               (tie_word_embeddings ? 0.0 : double(vocab_size) * hidden_size);
+  // Dense layers on every token; the LM head on the last token only.
+  const double dense = 2.0 * t * (matmul_params - double(vocab_size) * hidden_size) +
+                       2.0 * double(vocab_size) * hidden_size;
+  // QK^T and PV over the causal triangle: 2 * 2 * heads * head_dim * t*(t+1)/2 per layer.
+  const double attention = 2.0 * num_layers * double(num_heads) * head_dim * t * (t + 1);
+  return dense + attention;
+}
+
 }  // namespace pdserve::engine

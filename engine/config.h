@@ -41,6 +41,12 @@ struct ModelConfig {
     return int64_t{2} * num_layers * num_kv_heads * head_dim * bytes_per_element;
   }
   bool IsEos(int token) const;
+
+  // Weights of the decoder (embeddings, layers, final norm, LM head unless tied).
+  int64_t ParameterCount() const;
+  // Forward FLOPs (multiply-add = 2) of a prefill of `num_tokens` tokens,
+  // causal attention included.
+  double PrefillFlops(int num_tokens) const;
 };
 
 }  // namespace pdserve::engine

@@ -1,0 +1,110 @@
+// fp32 CPU kernels; see kernels.h for the contracts.
+#include "engine/cpu/kernels.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pdserve::engine::cpu {
+
+void InitBlasThreading() { openblas_set_num_threads(1); }
+
+void MatMulTransB(const float* x, const float* w, float* y, int m, int n, int k, int num_threads) {
+  if (m == 0 || n == 0) return;
+  // Column blocks of y (row blocks of w), a multiple of 16 wide, one per
+  // thread; each thread gets at least ~kMinWork multiply-adds, or the fork
+  // and join cost more than they save.
+  constexpr int64_t kMinWork = int64_t{1} << 17;
+  const int64_t work = int64_t{m} * n * k;
+  const int threads = static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(work / kMinWork, (n + 63) / 64), 1, std::max(1, num_threads)));
+  const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int n0 = 0; n0 < n; n0 += block) {
+    const int nb = std::min(block, n - n0);
+    const float* wb = w + static_cast<int64_t>(n0) * k;
+    if (m == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, k, 1.0f, wb, k, x, 1, 0.0f, y + n0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nb, k, 1.0f, x, k, wb, k, 0.0f,
+                  y + n0, n);
+    }
+  }
+}
+
+void RmsNorm(const float* x, const float* weight, float* y, int rows, int dim, float eps,
+             int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1)
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * dim;
+    float* yr = y + static_cast<int64_t>(r) * dim;
+    double sum_sq = 0.0;  // double: rows can be long and values large
+    for (int i = 0; i < dim; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum_sq / dim + eps));
+    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * scale * weight[i];
+  }
+}
+
+void RopeCosSin(int position, int head_dim, float theta, float* cos_out, float* sin_out) {
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(position);
+  for (int i = 0; i < half; ++i) {
+    // HF: inv_freq = 1 / theta^(arange(0, d, 2) / d) in fp32; freqs = pos * inv_freq.
+    const float inv_freq =
+        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float angle = pos * inv_freq;
+    cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+}
+
+void ApplyRope(float* x, int num_heads, int head_dim, const float* cos, const float* sin) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < num_heads; ++h) {
+    float* xh = x + static_cast<int64_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float a = xh[i], b = xh[i + half];
+      xh[i] = a * cos[i] - b * sin[i];
+      xh[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void AddInPlace(float* y, const float* x, int64_t n, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+float Dot(const float* a, const float* b, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void Axpy(float a, const float* x, float* y, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void Softmax(float* x, int n) {
+  const float max = *std::max_element(x, x + n);
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace pdserve::engine::cpu

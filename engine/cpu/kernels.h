@@ -1,0 +1,47 @@
+// fp32 CPU kernels of the Llama forward pass. All matrices are row-major.
+// GEMMs go to OpenBLAS; the rest are plain loops the compiler vectorises.
+// Kernels with a `num_threads` argument parallelise with OpenMP; the others
+// are meant to be called from inside an already-parallel loop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pdserve::engine::cpu {
+
+// Makes OpenBLAS single-threaded (process-wide). The runner parallelises
+// GEMMs itself with OpenMP: OpenBLAS's own pthread pool and OpenMP's spinning
+// workers fight over the cores (measured: decode 15x slower with both).
+void InitBlasThreading();
+
+// y[m, n] = x[m, k] * w[n, k]^T  (torch.nn.Linear without bias), split over
+// `num_threads` OpenMP threads by blocks of w's rows.
+void MatMulTransB(const float* x, const float* w, float* y, int m, int n, int k, int num_threads);
+
+// y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `dim`.
+// y may alias x.
+void RmsNorm(const float* x, const float* weight, float* y, int rows, int dim, float eps,
+             int num_threads);
+
+// Hugging Face rotary embedding tables for one position: for i < head_dim/2,
+// angle = position * theta^(-2i/head_dim) (computed in fp32 like HF),
+// cos_out[i] = cos(angle), sin_out[i] = sin(angle).
+void RopeCosSin(int position, int head_dim, float theta, float* cos_out, float* sin_out);
+
+// Rotates `num_heads` heads of `head_dim` in place with the rotate-half
+// convention: (x[i], x[i+d/2]) -> (x[i]c - x[i+d/2]s, x[i+d/2]c + x[i]s).
+void ApplyRope(float* x, int num_heads, int head_dim, const float* cos, const float* sin);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
+
+// y[i] += x[i].
+void AddInPlace(float* y, const float* x, int64_t n, int num_threads);
+
+float Dot(const float* a, const float* b, int n);
+// y[i] += a * x[i].
+void Axpy(float a, const float* x, float* y, int n);
+// In-place softmax of x[0..n), n >= 1; max-subtracted for stability.
+void Softmax(float* x, int n);
+
+}  // namespace pdserve::engine::cpu

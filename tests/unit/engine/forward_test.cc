@@ -1,0 +1,405 @@
+// CpuModelRunner against a naive reference forward pass written here from the
+// Llama definition: double precision, plain loops, no KV cache, the whole
+// sequence recomputed for every query. Covers prefill, decode, batching,
+// paged block tables out of order, KV export/import between runners (how
+// disaggregation moves a sequence), GQA and tied embeddings, and
+// GenerateLocally.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_model_runner.h"
+#include "engine/generator.h"
+#include "engine/runner_factory.h"
+#include "engine/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/engine/tiny_models.h"
+
+namespace pdserve::engine {
+namespace {
+
+using Vec = std::vector<double>;
+
+// ---- the reference ----
+
+class ReferenceModel {
+ public:
+  ReferenceModel(const ModelConfig& c, const std::string& dir) : c_(c) {
+    auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+    EXPECT_TRUE(file.ok()) << file.status();
+    for (const std::string& name : (*file)->names()) {
+      const TensorInfo* info = (*file)->Find(name);
+      std::vector<float> f = *(*file)->ReadF32(name, info->shape);
+      w_[name] = Vec(f.begin(), f.end());
+    }
+  }
+
+  // Logits [tokens.size()][vocab] at every position of `tokens`.
+  std::vector<Vec> Forward(const std::vector<int32_t>& tokens) const {
+    const int n = static_cast<int>(tokens.size()), h = c_.hidden_size, hd = c_.head_dim;
+    std::vector<Vec> x(n);
+    for (int t = 0; t < n; ++t) x[t] = Row(W("model.embed_tokens.weight"), tokens[t], h);
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      std::vector<Vec> q(n), k(n), v(n);
+      for (int t = 0; t < n; ++t) {
+        const Vec xn = Norm(x[t], W(p + "input_layernorm.weight"));
+        q[t] = Rope(Linear(W(p + "self_attn.q_proj.weight"), xn), t, c_.num_heads);
+        k[t] = Rope(Linear(W(p + "self_attn.k_proj.weight"), xn), t, c_.num_kv_heads);
+        v[t] = Linear(W(p + "self_attn.v_proj.weight"), xn);
+      }
+      for (int t = 0; t < n; ++t) {
+        Vec attn(c_.q_size(), 0.0);
+        for (int head = 0; head < c_.num_heads; ++head) {
+          const int kvh = head * c_.num_kv_heads / c_.num_heads;  // GQA group
+          Vec p_att(t + 1);
+          double max_score = -1e300;
+          for (int j = 0; j <= t; ++j) {
+            double s = 0;
+            for (int d = 0; d < hd; ++d) s += q[t][head * hd + d] * k[j][kvh * hd + d];
+            p_att[j] = s / std::sqrt(static_cast<double>(hd));
+            max_score = std::max(max_score, p_att[j]);
+          }
+          double sum = 0;
+          for (double& s : p_att) sum += (s = std::exp(s - max_score));
+          for (int j = 0; j <= t; ++j) {
+            for (int d = 0; d < hd; ++d) attn[head * hd + d] += p_att[j] / sum * v[j][kvh * hd + d];
+          }
+        }
+        Add(x[t], Linear(W(p + "self_attn.o_proj.weight"), attn));
+        const Vec xn = Norm(x[t], W(p + "post_attention_layernorm.weight"));
+        const Vec g = Linear(W(p + "mlp.gate_proj.weight"), xn);
+        const Vec u = Linear(W(p + "mlp.up_proj.weight"), xn);
+        Vec act(g.size());
+        for (size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+        Add(x[t], Linear(W(p + "mlp.down_proj.weight"), act));
+      }
+    }
+    const Vec& head = c_.tie_word_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
+    std::vector<Vec> logits(n);
+    for (int t = 0; t < n; ++t) logits[t] = Linear(head, Norm(x[t], W("model.norm.weight")));
+    return logits;
+  }
+
+  Vec LastLogits(const std::vector<int32_t>& tokens) const { return Forward(tokens).back(); }
+
+ private:
+  const Vec& W(const std::string& name) const {
+    auto it = w_.find(name);
+    EXPECT_NE(it, w_.end()) << name;
+    return it->second;
+  }
+  static Vec Row(const Vec& m, int r, int cols) {
+    return Vec(m.begin() + r * cols, m.begin() + (r + 1) * cols);
+  }
+  // y = W x for W [rows, x.size()].
+  static Vec Linear(const Vec& w, const Vec& x) {
+    Vec y(w.size() / x.size(), 0.0);
+    for (size_t r = 0; r < y.size(); ++r) {
+      for (size_t i = 0; i < x.size(); ++i) y[r] += w[r * x.size() + i] * x[i];
+    }
+    return y;
+  }
+  Vec Norm(const Vec& x, const Vec& weight) const {
+    double ms = 0;
+    for (double e : x) ms += e * e;
+    const double scale = 1.0 / std::sqrt(ms / x.size() + c_.rms_norm_eps);
+    Vec y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * scale * weight[i];
+    return y;
+  }
+  // Rotate-half RoPE: pairs (i, i + hd/2), angle = pos * theta^(-2i/hd).
+  Vec Rope(Vec x, int pos, int heads) const {
+    const int hd = c_.head_dim;
+    for (int head = 0; head < heads; ++head) {
+      for (int i = 0; i < hd / 2; ++i) {
+        const double angle = pos * std::pow(static_cast<double>(c_.rope_theta), -2.0 * i / hd);
+        double& a = x[head * hd + i];
+        double& b = x[head * hd + i + hd / 2];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(angle) - b0 * std::sin(angle);
+        b = b0 * std::cos(angle) + a0 * std::sin(angle);
+      }
+    }
+    return x;
+  }
+  static void Add(Vec& y, const Vec& x) {
+    for (size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+  }
+
+  ModelConfig c_;
+  std::map<std::string, Vec> w_;
+};
+
+// ---- helpers ----
+
+// max |a - b| relative to the logit scale max(1, max |b|).
+double RelDiff(std::span<const float> a, const Vec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 1;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+double RelDiff(std::span<const float> a, std::span<const float> b) {
+  return RelDiff(a, Vec(b.begin(), b.end()));
+}
+std::span<const float> Row(const std::vector<float>& m, int r, int cols) {
+  return std::span<const float>(m).subspan(static_cast<size_t>(r) * cols, cols);
+}
+
+std::vector<int32_t> Tokens(int n, int vocab, int salt) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 37 + salt * 11 + 3) % vocab;
+  return t;
+}
+
+constexpr double kTol = 1e-3;
+
+struct ModelCase {
+  std::string name;
+  ModelConfig config;
+  std::string dtype;
+};
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
+
+class ForwardTest : public testing::TestWithParam<ModelCase> {
+ protected:
+  void SetUp() override {
+    config_ = GetParam().config;
+    dir_ =
+        testing_models::WriteTinyModel(config_, 42, GetParam().dtype, "forward_" + GetParam().name);
+    ref_ = std::make_unique<ReferenceModel>(config_, dir_);
+    runner_ = NewRunner();
+  }
+  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64) {
+    RunnerOptions o;
+    o.model_dir = dir_;
+    o.kv_block_size = 4;
+    o.num_kv_blocks = num_blocks;
+    o.num_threads = 2;
+    auto r = CreateModelRunner(o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+  int vocab() const { return config_.vocab_size; }
+
+  ModelConfig config_;
+  std::string dir_;
+  std::unique_ptr<ReferenceModel> ref_;
+  std::unique_ptr<ModelRunner> runner_;
+};
+
+TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
+  const std::vector<int32_t> prompt = Tokens(11, vocab(), 1);
+  const std::vector<int32_t> table = {5, 2, 7};
+  const PrefillSequence seq{prompt, table};
+  std::vector<float> logits;
+  std::vector<int> layers_done;
+  ASSERT_TRUE(runner_
+                  ->Prefill(
+                      {&seq, 1}, [&](int l) { layers_done.push_back(l); }, logits)
+                  .ok());
+  ASSERT_EQ(logits.size(), static_cast<size_t>(vocab()));
+  EXPECT_LT(RelDiff(logits, ref_->LastLogits(prompt)), kTol);
+  EXPECT_THAT(layers_done, testing::ElementsAre(0, 1));
+
+  // Layout contract: token t lives in block table[t / 4], slot t % 4, so
+  // reading block 2 alone yields tokens 4..7 of the whole read.
+  const size_t kv_floats = runner_->LayerKvBytes(1) / 2 / sizeof(float);
+  std::vector<std::byte> all(runner_->LayerKvBytes(11)), block(runner_->LayerKvBytes(4));
+  ASSERT_TRUE(runner_->ReadLayerKv(1, table, 11, all).ok());
+  ASSERT_TRUE(runner_->ReadLayerKv(1, std::vector<int32_t>{2}, 4, block).ok());
+  const size_t token_bytes = kv_floats * sizeof(float);
+  EXPECT_EQ(std::memcmp(block.data(), all.data() + 4 * token_bytes, 4 * token_bytes), 0);  // K
+  EXPECT_EQ(std::memcmp(block.data() + 4 * token_bytes, all.data() + (11 + 4) * token_bytes,
+                        4 * token_bytes),
+            0);  // V
+}
+
+TEST_P(ForwardTest, DecodeStepsMatchReference) {
+  std::vector<int32_t> seq_tokens = Tokens(7, vocab(), 2);
+  const std::vector<int32_t> table = {3, 9, 1, 12, 6};  // 20 slots
+  const PrefillSequence seq{seq_tokens, table};
+  std::vector<float> logits;
+  ASSERT_TRUE(runner_->Prefill({&seq, 1}, nullptr, logits).ok());
+  for (int step = 0; step < 10; ++step) {
+    const int32_t token = (step * 53 + 5) % vocab();
+    const DecodeSequence d{token, static_cast<int32_t>(seq_tokens.size()), table};
+    seq_tokens.push_back(token);
+    ASSERT_TRUE(runner_->Decode({&d, 1}, logits).ok());
+    EXPECT_LT(RelDiff(logits, ref_->LastLogits(seq_tokens)), kTol) << "step " << step;
+  }
+}
+
+TEST_P(ForwardTest, BatchedPrefillAndDecodeEqualSingleSequences) {
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(5, vocab(), 3), Tokens(13, vocab(), 4),
+                                                     Tokens(9, vocab(), 5)};
+  // Interleaved block ids: any addressing slip makes sequences collide.
+  const std::vector<std::vector<int32_t>> tables = {{4, 0}, {1, 5, 3, 9}, {2, 8, 6}};
+  std::vector<PrefillSequence> batch;
+  for (size_t s = 0; s < 3; ++s) batch.push_back({prompts[s], tables[s]});
+  std::vector<float> batched;
+  ASSERT_TRUE(runner_->Prefill(batch, nullptr, batched).ok());
+  ASSERT_EQ(batched.size(), static_cast<size_t>(3 * vocab()));
+
+  // Each sequence alone (its own runner, so the caches are independent).
+  auto single = NewRunner();
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> alone;
+    ASSERT_TRUE(single->Prefill({&batch[s], 1}, nullptr, alone).ok());
+    EXPECT_LT(RelDiff(Row(batched, s, vocab()), alone), 1e-5) << "seq " << s;
+    EXPECT_LT(RelDiff(Row(batched, s, vocab()), ref_->LastLogits(prompts[s])), kTol) << "seq " << s;
+    for (int layer = 0; layer < config_.num_layers; ++layer) {  // same KV written
+      const int n = static_cast<int>(prompts[s].size());
+      std::vector<std::byte> a(runner_->LayerKvBytes(n)), b(a.size());
+      ASSERT_TRUE(runner_->ReadLayerKv(layer, tables[s], n, a).ok());
+      ASSERT_TRUE(single->ReadLayerKv(layer, tables[s], n, b).ok());
+      std::vector<float> fa(a.size() / 4), fb(b.size() / 4);
+      std::memcpy(fa.data(), a.data(), a.size());
+      std::memcpy(fb.data(), b.data(), b.size());
+      EXPECT_LT(RelDiff(fa, fb), 1e-5) << "seq " << s << " layer " << layer;
+    }
+  }
+
+  // One batched decode step at positions 5, 13, 9 equals per-sequence steps.
+  const std::vector<int32_t> next = {7, 8, 9};
+  std::vector<DecodeSequence> dbatch;
+  for (int s = 0; s < 3; ++s) {
+    dbatch.push_back({next[s], static_cast<int32_t>(prompts[s].size()), tables[s]});
+  }
+  ASSERT_TRUE(runner_->Decode(dbatch, batched).ok());
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> alone;
+    ASSERT_TRUE(single->Decode({&dbatch[s], 1}, alone).ok());
+    EXPECT_LT(RelDiff(Row(batched, s, vocab()), alone), 1e-5) << "seq " << s;
+    std::vector<int32_t> full = prompts[s];
+    full.push_back(next[s]);
+    EXPECT_LT(RelDiff(Row(batched, s, vocab()), ref_->LastLogits(full)), kTol) << "seq " << s;
+  }
+}
+
+// Prefill on runner A, ship each layer's KV as it completes into different
+// blocks of runner B, then decode on both: identical logits.
+TEST_P(ForwardTest, KvTransferBetweenRunnersGivesIdenticalLogits) {
+  auto b = NewRunner();
+  ASSERT_EQ(runner_->fingerprint(), b->fingerprint());
+  const std::vector<int32_t> prompt = Tokens(10, vocab(), 6);
+  const std::vector<int32_t> table_a = {0, 1, 2}, table_b = {5, 2, 7};
+  const PrefillSequence seq{prompt, table_a};
+  std::vector<float> logits_a, logits_b;
+  int sent = 0;
+  auto ship = [&](int layer) {
+    std::vector<std::byte> buf(runner_->LayerKvBytes(10));
+    ASSERT_TRUE(runner_->ReadLayerKv(layer, table_a, 10, buf).ok());
+    ASSERT_TRUE(b->WriteLayerKv(layer, table_b, 10, buf).ok());
+    ++sent;
+  };
+  ASSERT_TRUE(runner_->Prefill({&seq, 1}, ship, logits_a).ok());
+  EXPECT_EQ(sent, config_.num_layers);
+
+  const DecodeSequence da{17, 10, table_a}, db{17, 10, table_b};
+  ASSERT_TRUE(runner_->Decode({&da, 1}, logits_a).ok());
+  ASSERT_TRUE(b->Decode({&db, 1}, logits_b).ok());
+  EXPECT_EQ(logits_a, logits_b);
+  std::vector<int32_t> full = prompt;
+  full.push_back(17);
+  EXPECT_LT(RelDiff(logits_b, ref_->LastLogits(full)), kTol);
+}
+
+TEST_P(ForwardTest, GenerateLocallyGreedyMatchesReference) {
+  const std::vector<int32_t> prompt = Tokens(6, vocab(), 7);
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.max_tokens = 16;
+  params.ignore_eos = true;
+  auto result = GenerateLocally(*runner_, prompt, params);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->finish_reason, FinishReason::kLength);
+
+  std::vector<int32_t> seq = prompt, want;
+  for (int i = 0; i < 16; ++i) {
+    const Vec logits = ref_->LastLogits(seq);
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    want.push_back(next);
+    seq.push_back(next);
+  }
+  EXPECT_EQ(result->tokens, want);
+}
+
+TEST_P(ForwardTest, InvalidInputsAreRejected) {
+  std::vector<float> logits;
+  const std::vector<int32_t> table = {0, 1};
+  auto prefill = [&](std::vector<int32_t> tokens, std::vector<int32_t> blocks) {
+    const PrefillSequence s{tokens, blocks};
+    return runner_->Prefill({&s, 1}, nullptr, logits).code();
+  };
+  constexpr auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(prefill({1, -1}, table), kBad);
+  EXPECT_EQ(prefill({1, vocab()}, table), kBad);
+  EXPECT_EQ(prefill({}, table), kBad);
+  EXPECT_EQ(prefill(Tokens(9, vocab(), 0), table), kBad);  // 2 blocks of 4 hold 8
+  EXPECT_EQ(prefill({1, 2}, {64}), kBad);                  // block id out of range
+  EXPECT_EQ(prefill({1, 2}, {-1}), kBad);
+  EXPECT_EQ(
+      prefill(Tokens(config_.max_position_embeddings + 1, vocab(), 0), std::vector<int32_t>(64)),
+      kBad);
+
+  auto decode = [&](int32_t token, int32_t pos, std::vector<int32_t> blocks) {
+    const DecodeSequence d{token, pos, blocks};
+    return runner_->Decode({&d, 1}, logits).code();
+  };
+  EXPECT_EQ(decode(vocab(), 0, table), kBad);
+  EXPECT_EQ(decode(1, -1, table), kBad);
+  EXPECT_EQ(decode(1, 8, table), kBad);  // needs 9 slots
+  EXPECT_EQ(decode(1, config_.max_position_embeddings, std::vector<int32_t>(64)), kBad);
+  EXPECT_EQ(decode(1, 7, table), absl::StatusCode::kOk);
+
+  std::vector<std::byte> buf(runner_->LayerKvBytes(4));
+  EXPECT_EQ(runner_->ReadLayerKv(-1, table, 4, buf).code(), kBad);
+  EXPECT_EQ(runner_->ReadLayerKv(config_.num_layers, table, 4, buf).code(), kBad);
+  EXPECT_EQ(runner_->ReadLayerKv(0, table, 3, buf).code(), kBad);  // size mismatch
+  EXPECT_EQ(runner_->ReadLayerKv(0, table, 9, buf).code(), kBad);  // table too small
+  EXPECT_EQ(runner_->WriteLayerKv(0, std::vector<int32_t>{99}, 4, buf).code(), kBad);
+  EXPECT_TRUE(runner_->ReadLayerKv(0, table, 4, buf).ok());
+  EXPECT_TRUE(runner_->WriteLayerKv(0, table, 4, buf).ok());
+  EXPECT_TRUE(runner_->Prefill({}, nullptr, logits).ok());
+  EXPECT_TRUE(logits.empty());
+}
+
+TEST_P(ForwardTest, GenerateLocallyRejectsWhatCannotFit) {
+  SamplingParams params;
+  params.max_tokens = 16;
+  const std::vector<int32_t> long_prompt = Tokens(config_.max_position_embeddings - 15, vocab(), 0);
+  EXPECT_EQ(GenerateLocally(*runner_, long_prompt, params).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto small = NewRunner(/*num_blocks=*/3);  // 12 slots
+  const std::vector<int32_t> prompt = Tokens(10, vocab(), 0);
+  EXPECT_EQ(GenerateLocally(*small, prompt, params).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  params.max_tokens = 3;  // 10 + 3 - 1 = 12 slots: fits exactly
+  auto ok = GenerateLocally(*small, prompt, params);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FALSE(ok->tokens.empty());
+  EXPECT_LE(ok->tokens.size(), 3u);
+  EXPECT_EQ(GenerateLocally(*runner_, {}, params).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ForwardTest,
+    testing::Values(ModelCase{"gqa_untied_f32", testing_models::TinyGqaConfig(), "f32"},
+                    ModelCase{"mha_tied_bf16", testing_models::TinyTiedConfig(), "bf16"}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace pdserve::engine

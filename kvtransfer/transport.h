@@ -48,8 +48,8 @@ struct TransferSpec {
 class ReceiveSink {
  public:
   virtual ~ReceiveSink() = default;
-  // One layer's payload (TransferSpec::LayerBytes() bytes). A non-OK return
-  // fails the transfer.
+  // One layer's payload (TransferSpec::LayerBytes() bytes), valid only during
+  // the call. A non-OK return fails the transfer.
   virtual absl::Status OnLayer(int layer, std::span<const std::byte> payload) = 0;
   // Called exactly once per Expect()ed transfer: the first token when every
   // layer arrived, else why not (a sender error, a spec mismatch, a timeout,

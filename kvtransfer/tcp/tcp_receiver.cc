@@ -1,0 +1,473 @@
+// TCP KvReceiver (threads and sink contract in tcp_receiver.h, wire format in
+// wire.h).
+//
+// Per-connection protocol, as the handler runs it:
+//   read HEADER (handshake_timeout) -> claim the Expect()ed transfer, check
+//   its spec -> ACK{ok} | ACK{false} + lingering close;
+//   read LAYER* then FINISH (until the transfer's deadline) -> sink.OnLayer
+//   for each layer -> sink.OnComplete(first token) -> final ACK{ok};
+//   any failure -> sink.OnComplete(error) -> ACK{false, error} + lingering close.
+#include "kvtransfer/tcp/tcp_receiver.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <new>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/tcp/socket.h"
+#include "kvtransfer/tcp/wire.h"
+
+namespace pdserve::kvtransfer {
+namespace {
+
+// How often the accept thread reaps exited handler threads when idle.
+constexpr int kReapIntervalMs = 500;
+// How long the accept thread backs off after accept() fails (EMFILE, ...).
+constexpr int kAcceptBackoffMs = 100;
+// Budget for telling a connection refused at accept time why.
+constexpr absl::Duration kOverloadAckTimeout = absl::Milliseconds(100);
+
+}  // namespace
+
+// One Expect()ed transfer. Owned by transfers_ until it completes; handlers,
+// Cancel() and the timer hold extra references while they work on it.
+struct TcpKvReceiver::Transfer {
+  Transfer(TransferId id, const TransferSpec& spec, std::shared_ptr<ReceiveSink> sink,
+           absl::Duration timeout)
+      : id(id),
+        spec(spec),
+        sink(std::move(sink)),
+        timeout(timeout),
+        deadline(absl::Now() + timeout) {}
+
+  // Delivers `result` to the sink unless the transfer already completed.
+  // Returns whether this call completed it. Never call with mu_ held.
+  bool Complete(absl::StatusOr<int32_t> result) {
+    absl::MutexLock l(&sink_mu);
+    if (completed) return false;
+    completed = true;
+    outcome = result.status();
+    sink->OnComplete(std::move(result));
+    return true;
+  }
+  // Why the transfer completed (OK on success); meaningful once completed.
+  absl::Status Outcome() {
+    absl::MutexLock l(&sink_mu);
+    return outcome;
+  }
+  std::string Progress() const {
+    return absl::StrCat(layers_received.load(), " of ", spec.num_layers, " layers received");
+  }
+  absl::Status TimeoutError() const {
+    return absl::DeadlineExceededError(absl::StrCat("kv transfer ", id, " not complete within ",
+                                                    absl::FormatDuration(timeout), " (", Progress(),
+                                                    ")"));
+  }
+
+  const TransferId id;
+  const TransferSpec spec;
+  const std::shared_ptr<ReceiveSink> sink;
+  const absl::Duration timeout;
+  const absl::Time deadline;
+  // Set once by the handler whose HEADER claims the transfer; from then on that
+  // handler owns the deadline. Guarded by the receiver's mu_.
+  std::shared_ptr<tcp::Connection> conn;
+  std::atomic<int> layers_received{0};
+  // Serialises sink calls. Once `completed` is set no OnLayer/OnComplete follows.
+  absl::Mutex sink_mu;
+  bool completed ABSL_GUARDED_BY(sink_mu) = false;
+  absl::Status outcome ABSL_GUARDED_BY(sink_mu);
+};
+
+// One connection's thread. Fields are guarded by the receiver's mu_.
+struct TcpKvReceiver::Handler {
+  std::thread thread;
+  std::shared_ptr<tcp::Connection> conn;  // for Shutdown() at destruction; reset on exit
+  bool finished = false;                  // the thread is exiting; join() will not block
+};
+
+absl::StatusOr<std::unique_ptr<KvReceiver>> TcpKvReceiver::Create(const std::string& bind_host,
+                                                                  int port,
+                                                                  TcpReceiverOptions options) {
+  if (options.max_connections < 1 || options.handshake_timeout <= absl::ZeroDuration() ||
+      options.linger < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("bad TcpReceiverOptions");
+  }
+  absl::StatusOr<std::unique_ptr<tcp::Listener>> listener = tcp::Listener::Create(bind_host, port);
+  if (!listener.ok()) return listener.status();
+  absl::StatusOr<std::unique_ptr<tcp::WakeFd>> wake = tcp::WakeFd::Create();
+  if (!wake.ok()) return wake.status();
+  std::string host = options.advertise_host.empty() ? bind_host : options.advertise_host;
+  if (host.empty()) host = "0.0.0.0";
+  const std::string endpoint = tcp::FormatTcpEndpoint(host, (*listener)->port());
+  std::unique_ptr<TcpKvReceiver> receiver(
+      new TcpKvReceiver(std::move(options), std::move(*listener), std::move(*wake), endpoint));
+  try {
+    receiver->accept_thread_ = std::thread([r = receiver.get()] { r->AcceptLoop(); });
+    receiver->timer_thread_ = std::thread([r = receiver.get()] { r->TimerLoop(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("kv receiver threads: ", e.what()));
+  }
+  return receiver;
+}
+
+TcpKvReceiver::TcpKvReceiver(TcpReceiverOptions options, std::unique_ptr<tcp::Listener> listener,
+                             std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint)
+    : options_(std::move(options)),
+      listener_(std::move(listener)),
+      stop_wake_(std::move(stop_wake)),
+      endpoint_(std::move(endpoint)) {}
+
+TcpKvReceiver::~TcpKvReceiver() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    timer_cv_.SignalAll();
+  }
+  stop_wake_->Signal();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (timer_thread_.joinable()) timer_thread_.join();
+  // No new handlers or transfers from here on (stopping_ refuses them).
+  std::vector<std::shared_ptr<Transfer>> pending;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, t] : transfers_) pending.push_back(t);
+    transfers_.clear();
+  }
+  // Sinks first (as in Cancel), then the connections.
+  for (const std::shared_ptr<Transfer>& t : pending) {
+    t->Complete(absl::CancelledError(
+        absl::StrCat("kv receiver shutting down: transfer ", t->id, " cancelled")));
+  }
+  std::list<Handler> handlers;
+  {
+    absl::MutexLock l(&mu_);
+    for (Handler& h : handlers_) {
+      if (h.conn != nullptr) h.conn->Shutdown();
+    }
+    handlers.swap(handlers_);  // list nodes (and Handler*) stay valid
+  }
+  for (Handler& h : handlers) h.thread.join();
+}
+
+absl::Status TcpKvReceiver::Expect(TransferId id, const TransferSpec& spec,
+                                   std::shared_ptr<ReceiveSink> sink, absl::Duration timeout) {
+  if (absl::Status s = tcp::ValidateSpec(spec); !s.ok()) return s;
+  if (sink == nullptr) return absl::InvalidArgumentError("Expect: null sink");
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Expect: timeout must be positive, got ", absl::FormatDuration(timeout)));
+  }
+  auto t = std::make_shared<Transfer>(id, spec, std::move(sink), timeout);
+  absl::MutexLock l(&mu_);
+  if (stopping_) return absl::FailedPreconditionError("kv receiver is shutting down");
+  if (!transfers_.try_emplace(id, std::move(t)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("kv transfer ", id, " is already expected"));
+  }
+  timer_cv_.Signal();
+  return absl::OkStatus();
+}
+
+void TcpKvReceiver::Cancel(TransferId id) {
+  std::shared_ptr<Transfer> t;
+  std::shared_ptr<tcp::Connection> conn;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) return;
+    t = std::move(it->second);
+    transfers_.erase(it);
+    conn = t->conn;
+  }
+  // Complete first, so the handler's reaction to the shutdown cannot win the
+  // race with an UNAVAILABLE; `completed` stops its later sink calls.
+  t->Complete(absl::CancelledError(absl::StrCat("kv transfer ", id, " cancelled by the receiver")));
+  if (conn != nullptr) conn->Shutdown();
+}
+
+bool TcpKvReceiver::Finalize(const std::shared_ptr<Transfer>& t, absl::StatusOr<int32_t> result) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = transfers_.find(t->id);
+    if (it != transfers_.end() && it->second == t) transfers_.erase(it);
+  }
+  return t->Complete(std::move(result));
+}
+
+void TcpKvReceiver::TimerLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    std::vector<std::shared_ptr<Transfer>> expired;
+    for (const auto& [id, t] : transfers_) {
+      if (t->conn != nullptr) continue;  // claimed: its handler enforces the deadline
+      if (t->deadline <= now) {
+        expired.push_back(t);
+      } else {
+        next = std::min(next, t->deadline);
+      }
+    }
+    if (expired.empty()) {
+      timer_cv_.WaitWithDeadline(&mu_, next);
+      continue;
+    }
+    for (const std::shared_ptr<Transfer>& t : expired) transfers_.erase(t->id);
+    mu_.Unlock();
+    for (const std::shared_ptr<Transfer>& t : expired) t->Complete(t->TimeoutError());
+    expired.clear();
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+void TcpKvReceiver::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listener_->fd(), POLLIN, 0}, {stop_wake_->fd(), POLLIN, 0}};
+    const int r = ::poll(fds, 2, kReapIntervalMs);
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return;
+    }
+    ReapFinishedHandlers();
+    if (r <= 0 || fds[0].revents == 0) continue;
+    absl::StatusOr<std::shared_ptr<tcp::Connection>> conn = listener_->Accept();
+    if (!conn.ok()) {
+      // Out of descriptors or memory: back off rather than spin on poll().
+      pollfd stop{stop_wake_->fd(), POLLIN, 0};
+      ::poll(&stop, 1, kAcceptBackoffMs);
+      continue;
+    }
+    if (*conn != nullptr) StartHandler(std::move(*conn));
+  }
+}
+
+void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    if (active_handlers_ < options_.max_connections) {
+      handlers_.emplace_back();
+      Handler* h = &handlers_.back();
+      h->conn = conn;
+      try {
+        h->thread = std::thread([this, h, conn] {
+          HandleConnection(conn);
+          absl::MutexLock l(&mu_);
+          h->finished = true;
+          h->conn.reset();
+          --active_handlers_;
+        });
+        ++active_handlers_;
+        return;
+      } catch (const std::system_error&) {
+        handlers_.pop_back();
+      }
+    }
+  }
+  // At capacity (or out of threads): refuse without holding up the accept loop.
+  tcp::WriteAckFrame(
+      *conn,
+      absl::UnavailableError(absl::StrCat("kv receiver ", endpoint_, " at connection capacity")),
+      absl::Now() + kOverloadAckTimeout)
+      .IgnoreError();
+  conn->Shutdown();
+}
+
+void TcpKvReceiver::ReapFinishedHandlers() {
+  std::list<Handler> done;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = handlers_.begin(); it != handlers_.end();) {
+      auto next = std::next(it);
+      if (it->finished) done.splice(done.end(), handlers_, it);
+      it = next;
+    }
+  }
+  for (Handler& h : done) h.thread.join();
+}
+
+void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& conn) {
+  absl::StatusOr<std::shared_ptr<Transfer>> claimed = Claim(conn);
+  if (!claimed.ok()) {
+    RefuseAndClose(*conn, claimed.status());
+    return;
+  }
+  const std::shared_ptr<Transfer>& t = *claimed;
+  absl::StatusOr<int32_t> result = absl::UnknownError("unset");
+  if (absl::Status s =
+          tcp::WriteAckFrame(*conn, absl::OkStatus(), absl::Now() + options_.handshake_timeout);
+      !s.ok()) {
+    result = tcp::WithContext(s, absl::StrCat("kv transfer ", t->id, ": sending handshake ACK"));
+  } else {
+    result = ReceiveLayers(*t, *conn);
+  }
+  const bool completed_here = Finalize(t, result);
+  // If Cancel() or shutdown got there first, tell the sender that reason.
+  const absl::Status outcome = completed_here ? result.status() : t->Outcome();
+  if (outcome.ok()) {
+    tcp::WriteAckFrame(*conn, outcome, absl::Now() + options_.handshake_timeout).IgnoreError();
+    return;
+  }
+  RefuseAndClose(*conn, outcome);
+}
+
+absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
+    const std::shared_ptr<tcp::Connection>& conn) {
+  const absl::Time deadline = absl::Now() + options_.handshake_timeout;
+  const std::string from = absl::StrCat("kv sender ", conn->peer());
+  absl::StatusOr<tcp::FrameHeader> frame = tcp::ReadFrameHeader(*conn, deadline);
+  if (!frame.ok()) return tcp::WithContext(frame.status(), from + ": reading HEADER");
+  if (frame->type != tcp::FrameType::kHeader) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, ": expected a HEADER frame, got ", tcp::FrameTypeName(frame->type)));
+  }
+  absl::StatusOr<std::string> payload = tcp::ReadControlPayload(*conn, *frame, deadline);
+  if (!payload.ok()) return tcp::WithContext(payload.status(), from + ": reading HEADER");
+  internal::v1::KvTransferHeader header;
+  if (!header.ParseFromString(*payload)) {
+    return absl::InvalidArgumentError(from + ": malformed HEADER frame");
+  }
+  const TransferId id = header.transfer_id();
+  std::shared_ptr<Transfer> t;
+  absl::Status refusal;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("kv receiver is shutting down");
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown transfer id ", id, " at kv receiver ",
+                                              endpoint_, " (not expected, expired or cancelled)"));
+    }
+    if (it->second->conn != nullptr) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("kv transfer ", id, " already has a sender connection"));
+    }
+    t = it->second;
+    refusal = tcp::SpecFromHeader(header, t->spec.bytes_per_element).CheckMatches(t->spec);
+    if (refusal.ok() && header.layout() != tcp::kKvLayout) {
+      refusal = absl::FailedPreconditionError(absl::StrCat("kv transfer layout mismatch: '",
+                                                           tcp::SanitizeUtf8(header.layout(), 256),
+                                                           "' != expected '", tcp::kKvLayout, "'"));
+    }
+    if (refusal.ok()) {
+      t->conn = conn;
+      return t;
+    }
+    transfers_.erase(it);
+  }
+  // The right transfer with the wrong shape: it can never succeed, so it
+  // fails here too rather than waiting for its deadline.
+  refusal = tcp::WithContext(refusal, absl::StrCat("kv transfer ", id, " from ", conn->peer()));
+  t->Complete(refusal);
+  return refusal;
+}
+
+absl::StatusOr<int32_t> TcpKvReceiver::ReceiveLayers(Transfer& t, tcp::Connection& conn) {
+  const TransferSpec& spec = t.spec;
+  const size_t layer_bytes = spec.LayerBytes();
+  const std::string where = absl::StrCat("kv transfer ", t.id, " from ", conn.peer());
+  std::vector<bool> have(spec.num_layers, false);
+  std::vector<std::byte> buffer;  // one layer; allocated at the first LAYER frame
+  int received = 0;
+  // Read errors past the deadline report the timeout, not the I/O symptom.
+  auto read_error = [&](const absl::Status& s, absl::string_view what) -> absl::Status {
+    if (absl::IsDeadlineExceeded(s) || absl::Now() >= t.deadline) return t.TimeoutError();
+    return tcp::WithContext(s, absl::StrCat(where, ": ", what, " after ", received, " of ",
+                                            spec.num_layers, " layers"));
+  };
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", why));
+  };
+  while (true) {
+    if (absl::Now() >= t.deadline) return t.TimeoutError();
+    absl::StatusOr<tcp::FrameHeader> frame = tcp::ReadFrameHeader(conn, t.deadline);
+    if (!frame.ok()) {
+      if (absl::IsInvalidArgument(frame.status())) return invalid(frame.status().message());
+      return read_error(frame.status(), "reading a frame");
+    }
+    switch (frame->type) {
+      case tcp::FrameType::kLayer: {
+        if (frame->length != tcp::kLayerIndexBytes + layer_bytes) {
+          return invalid(absl::StrCat("LAYER frame of ", frame->length, " bytes, expected ",
+                                      tcp::kLayerIndexBytes + layer_bytes));
+        }
+        std::array<std::byte, tcp::kLayerIndexBytes> index_bytes;
+        if (absl::Status s = conn.ReadExact(index_bytes, t.deadline); !s.ok()) {
+          return read_error(s, "reading a LAYER frame");
+        }
+        const uint32_t layer = tcp::GetU32(index_bytes.data());
+        if (layer >= static_cast<uint32_t>(spec.num_layers)) {
+          return invalid(
+              absl::StrCat("layer index ", layer, " out of range [0, ", spec.num_layers, ")"));
+        }
+        if (have[layer]) return invalid(absl::StrCat("duplicate layer ", layer));
+        if (buffer.empty()) {
+          try {
+            buffer.resize(layer_bytes);
+          } catch (const std::bad_alloc&) {
+            return absl::ResourceExhaustedError(
+                absl::StrCat(where, ": cannot allocate a ", layer_bytes, "-byte layer buffer"));
+          }
+        }
+        if (absl::Status s = conn.ReadExact(buffer, t.deadline); !s.ok()) {
+          return read_error(s, absl::StrCat("reading layer ", layer));
+        }
+        have[layer] = true;
+        ++received;
+        absl::Status accepted;
+        {
+          absl::MutexLock l(&t.sink_mu);
+          if (t.completed) return t.outcome;  // cancelled or shut down meanwhile
+          accepted = t.sink->OnLayer(static_cast<int>(layer), buffer);
+        }
+        t.layers_received.store(received);
+        if (!accepted.ok()) {
+          return tcp::WithContext(accepted,
+                                  absl::StrCat(where, ": kv sink rejected layer ", layer));
+        }
+        break;
+      }
+      case tcp::FrameType::kFinish: {
+        std::array<std::byte, tcp::kFinishPayloadBytes> token_bytes;
+        if (absl::Status s = conn.ReadExact(token_bytes, t.deadline); !s.ok()) {
+          return read_error(s, "reading FINISH");
+        }
+        if (received != spec.num_layers) {
+          const auto missing = std::find(have.begin(), have.end(), false) - have.begin();
+          return absl::FailedPreconditionError(
+              absl::StrCat(where, ": FINISH after ", received, " of ", spec.num_layers,
+                           " layers (layer ", missing, " missing)"));
+        }
+        return static_cast<int32_t>(tcp::GetU32(token_bytes.data()));
+      }
+      case tcp::FrameType::kAbort: {
+        absl::StatusOr<std::string> message = tcp::ReadControlPayload(conn, *frame, t.deadline);
+        if (!message.ok()) return read_error(message.status(), "reading ABORT");
+        return absl::AbortedError(absl::StrCat("kv sender aborted transfer ", t.id, ": ",
+                                               tcp::SanitizeUtf8(*message, 4096)));
+      }
+      case tcp::FrameType::kHeader:
+      case tcp::FrameType::kAck:
+        return invalid(absl::StrCat("unexpected ", tcp::FrameTypeName(frame->type),
+                                    " frame after the handshake"));
+    }
+  }
+}
+
+void TcpKvReceiver::RefuseAndClose(tcp::Connection& conn, const absl::Status& why) {
+  const absl::Time now = absl::Now();
+  if (tcp::WriteAckFrame(conn, why, now + options_.handshake_timeout).ok()) {
+    conn.ShutdownWrite();
+    conn.DrainUntilEof(now + options_.linger);
+  }
+  conn.Shutdown();
+}
+
+}  // namespace pdserve::kvtransfer

@@ -1,0 +1,108 @@
+// TCP KvReceiver: listens on one port; each accepted connection carries one
+// transfer in the wire format of wire.h.
+//
+// Threads (all owned and joined by the receiver):
+//   accept thread   accepts connections and starts one handler per connection;
+//   timer thread    fails Expect()ed transfers that no sender claimed before
+//                   their deadline (DEADLINE_EXCEEDED);
+//   handler threads run the handshake, read frames, call the sink, time out
+//                   their own transfer at its deadline, and send the ACKs.
+// Sink calls for one transfer never overlap: OnLayer runs on its handler
+// thread; OnComplete runs exactly once, on a handler, the timer, the caller of
+// Cancel(), or the destructor. A sink must not call Cancel() for its own
+// transfer from inside OnLayer (it would wait on itself); it returns an error
+// instead.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtransfer/transport.h"
+
+namespace pdserve::kvtransfer {
+namespace tcp {
+class Connection;
+class Listener;
+class WakeFd;
+}  // namespace tcp
+
+struct TcpReceiverOptions {
+  // Host put in endpoint(); empty = the bind host. Set it when binding a
+  // wildcard address ("0.0.0.0", "::") so senders get a reachable address.
+  std::string advertise_host;
+  // A new connection must send its HEADER within this.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // After refusing or failing a transfer, how long to keep reading (and
+  // discarding) the sender's data so the error ACK is not lost to a TCP RST.
+  absl::Duration linger = absl::Seconds(1);
+  // Connections beyond this are refused at once.
+  int max_connections = 256;
+};
+
+class TcpKvReceiver final : public KvReceiver {
+ public:
+  // Listens on `bind_host`:`port` (port 0 = any free port).
+  static absl::StatusOr<std::unique_ptr<KvReceiver>> Create(const std::string& bind_host, int port,
+                                                            TcpReceiverOptions options = {});
+  // Stops accepting, fails every pending transfer with CANCELLED ("kv
+  // receiver shutting down"), closes every connection and joins all threads.
+  ~TcpKvReceiver() override;
+
+  std::string endpoint() const override { return endpoint_; }
+  // INVALID_ARGUMENT for a bad spec, null sink or non-positive timeout;
+  // ALREADY_EXISTS if `id` is already expected. Thread-safe.
+  absl::Status Expect(TransferId id, const TransferSpec& spec, std::shared_ptr<ReceiveSink> sink,
+                      absl::Duration timeout) override;
+  // Thread-safe; a no-op for an unknown or already completed id. Waits for an
+  // OnLayer call in progress on that transfer to return.
+  void Cancel(TransferId id) override;
+
+ private:
+  struct Transfer;
+  struct Handler;
+
+  TcpKvReceiver(TcpReceiverOptions options, std::unique_ptr<tcp::Listener> listener,
+                std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint);
+
+  void AcceptLoop();
+  void TimerLoop();
+  void StartHandler(std::shared_ptr<tcp::Connection> conn);
+  void ReapFinishedHandlers();
+  // Handler thread body: one connection, at most one transfer.
+  void HandleConnection(const std::shared_ptr<tcp::Connection>& conn);
+  // Handshake: the claimed transfer, or the reason to refuse the connection.
+  absl::StatusOr<std::shared_ptr<Transfer>> Claim(const std::shared_ptr<tcp::Connection>& conn);
+  // Streams LAYER frames into the sink until FINISH (the first token) or a failure.
+  absl::StatusOr<int32_t> ReceiveLayers(Transfer& t, tcp::Connection& conn);
+  // Removes `t` from transfers_ and completes it; false if it had completed.
+  bool Finalize(const std::shared_ptr<Transfer>& t, absl::StatusOr<int32_t> result);
+  // Sends ACK{false} and closes after a bounded drain of the sender's data.
+  void RefuseAndClose(tcp::Connection& conn, const absl::Status& why);
+
+  const TcpReceiverOptions options_;
+  const std::unique_ptr<tcp::Listener> listener_;
+  const std::unique_ptr<tcp::WakeFd> stop_wake_;  // wakes the accept thread
+  const std::string endpoint_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar timer_cv_;  // signalled on Expect and on stop
+  absl::flat_hash_map<TransferId, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  std::list<Handler> handlers_ ABSL_GUARDED_BY(mu_);
+  int active_handlers_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Started last in Create, joined first in the destructor.
+  std::thread accept_thread_;
+  std::thread timer_thread_;
+};
+
+}  // namespace pdserve::kvtransfer

@@ -1,0 +1,13 @@
+// Converts sampling parameters between the internal wire form and the
+// engine's struct. Used by the router (to build jobs) and both workers.
+#pragma once
+
+#include "engine/sampler.h"
+#include "pdserve/internal/v1/worker.pb.h"
+
+namespace pdserve {
+
+engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& sampling);
+internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& params);
+
+}  // namespace pdserve

@@ -1,0 +1,142 @@
+// The decode worker's engine: reserves KV blocks for admitted requests,
+// receives their KV from prefill workers, and runs continuous batching — one
+// decode step over every running sequence, sequences joining when their KV and
+// first token arrive and leaving when they finish or are cancelled.
+//
+// Threads: one engine thread owns the step loop and the runner's Decode;
+// transport threads write received KV into blocks reserved for (and only
+// touched by) their sequence; gRPC handler threads Admit, read their stream
+// and Cancel. `mu_` guards all sequence state and the block manager.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "decode_worker/decode_metrics.h"
+#include "engine/block_manager.h"
+#include "engine/finish.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "kvtransfer/transport.h"
+
+namespace pdserve::decode {
+
+struct DecodeRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  engine::SamplingParams sampling;
+};
+
+// One message for the request's stream.
+struct DecodeOutput {
+  std::vector<int32_t> tokens;       // generated after the first token
+  bool finished = false;
+  engine::FinishReason finish_reason = engine::FinishReason::kNone;
+  int completion_tokens = 0;         // with the first token, when finished
+  absl::Status error;                // non-OK ends the stream with this status
+};
+
+// Per-request output queue, filled by the engine, drained by the handler.
+class DecodeStream {
+ public:
+  DecodeStream(engine::SeqId seq, kvtransfer::TransferId transfer_id)
+      : seq_(seq), transfer_id_(transfer_id) {}
+  engine::SeqId seq() const { return seq_; }
+  kvtransfer::TransferId transfer_id() const { return transfer_id_; }
+
+  // Moves everything queued into `out`; waits up to `timeout` when empty.
+  // Returns false if nothing arrived.
+  bool Next(absl::Duration timeout, std::vector<DecodeOutput>* out);
+  void Push(DecodeOutput output);
+
+ private:
+  const engine::SeqId seq_;
+  const kvtransfer::TransferId transfer_id_;
+  absl::Mutex mu_;
+  std::deque<DecodeOutput> queue_ ABSL_GUARDED_BY(mu_);
+};
+
+struct DecodeEngineOptions {
+  int max_running = 256;                        // sequences in the batch plus waiting for KV
+  absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
+  // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
+  double peak_memory_bandwidth = 0;
+};
+
+struct DecodeLoad {
+  int running = 0;
+  int waiting_kv = 0;
+  int free_blocks = 0;
+  int total_blocks = 0;
+};
+
+class DecodeEngine {
+ public:
+  // `runner`, `receiver` and `metrics` must outlive the engine.
+  DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
+               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
+  ~DecodeEngine();  // cancels everything and joins the engine thread
+
+  // Validates the request, reserves blocks for prompt + max_tokens and
+  // announces the KV transfer. INVALID_ARGUMENT for bad input,
+  // RESOURCE_EXHAUSTED when blocks or slots run out.
+  absl::StatusOr<std::shared_ptr<DecodeStream>> Admit(DecodeRequest request);
+  // Stops the request and frees its blocks (now, or after the running step).
+  void Cancel(const DecodeStream& stream);
+
+  DecodeLoad load() const;
+  const std::string& kv_endpoint() const { return kv_endpoint_; }
+
+ private:
+  enum class State { kAwaitingKv, kRunning };
+  struct Sequence {
+    std::string request_id;
+    engine::SamplingParams sampling;
+    std::vector<int32_t> block_table;  // copy: stable while the sequence lives
+    int prompt_len = 0;
+    State state = State::kAwaitingKv;
+    int32_t last_token = 0;  // newest token, not yet in the cache
+    int position = 0;        // position of last_token
+    int generated = 0;       // tokens generated so far, the first included
+    bool cancelled = false;
+    bool in_step = false;    // part of the step being computed
+    kvtransfer::TransferId transfer_id = 0;
+    std::shared_ptr<DecodeStream> stream;
+  };
+  class Sink;
+
+  void Loop();
+  // Called by a Sink when the transfer ended.
+  void OnKvComplete(engine::SeqId seq, absl::StatusOr<int32_t> first_token);
+  void FreeLocked(engine::SeqId seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DecodeEngineOptions options_;
+  engine::ModelRunner* const runner_;
+  kvtransfer::KvReceiver* const receiver_;
+  DecodeMetrics* const metrics_;
+  const std::string kv_endpoint_;
+  const kvtransfer::TransferSpec base_spec_;  // num_tokens filled per request
+  const double weight_bytes_;
+
+  mutable absl::Mutex mu_;
+  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<engine::SeqId, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
+  int num_running_ ABSL_GUARDED_BY(mu_) = 0;
+  engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t transfer_salt_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: runs Loop() over everything above
+};
+
+}  // namespace pdserve::decode

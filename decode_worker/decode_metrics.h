@@ -1,0 +1,29 @@
+// Prometheus metrics of a decode worker. Created once per process on an
+// injected registry; the engine updates them.
+#pragma once
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace pdserve::decode {
+
+struct DecodeMetrics {
+  explicit DecodeMetrics(prometheus::Registry& registry);
+
+  prometheus::Gauge& running_sequences;       // in the decode batch
+  prometheus::Gauge& waiting_kv_sequences;    // reserved, KV not yet complete
+  prometheus::Gauge& kv_cache_usage;          // pdserve_kv_cache_usage_ratio
+  prometheus::Histogram& step_seconds;
+  prometheus::Histogram& batch_size;
+  prometheus::Counter& generation_tokens;
+  prometheus::Gauge& achieved_bytes_per_second;  // weights + KV read per step / step time
+  prometheus::Gauge& bandwidth_utilization;      // achieved / --peak_memory_bandwidth (0 if unset)
+  prometheus::Counter& kv_received_bytes;
+  prometheus::Counter& kv_receive_failures;
+  prometheus::Counter& requests_admitted;
+  prometheus::Counter& requests_rejected;
+};
+
+}  // namespace pdserve::decode

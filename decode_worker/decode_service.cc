@@ -1,0 +1,59 @@
+#include "decode_worker/decode_service.h"
+
+#include "common/grpc_util.h"
+#include "common/sampling_convert.h"
+
+namespace pdserve::decode {
+
+grpc::Status DecodeService::Decode(grpc::ServerContext* context,
+                                   const internal::v1::DecodeJob* job,
+                                   grpc::ServerWriter<internal::v1::DecodeEvent>* writer) {
+  if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
+  DecodeRequest request{.request_id = job->request_id(),
+                        .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+                        .sampling = SamplingFromProto(job->sampling())};
+  absl::StatusOr<std::shared_ptr<DecodeStream>> stream = engine_->Admit(std::move(request));
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+
+  internal::v1::DecodeEvent reserved;
+  reserved.mutable_reserved()->mutable_kv_target()->set_endpoint(engine_->kv_endpoint());
+  reserved.mutable_reserved()->mutable_kv_target()->set_transfer_id((*stream)->transfer_id());
+  if (!writer->Write(reserved)) {
+    engine_->Cancel(**stream);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
+  }
+
+  std::vector<DecodeOutput> outputs;
+  while (true) {
+    if (context->IsCancelled()) {
+      engine_->Cancel(**stream);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller");
+    }
+    outputs.clear();
+    if (!(*stream)->Next(absl::Milliseconds(50), &outputs)) continue;
+    internal::v1::DecodeEvent tokens;
+    for (DecodeOutput& out : outputs) {
+      if (!out.error.ok()) {
+        engine_->Cancel(**stream);
+        return ToGrpcStatus(out.error);
+      }
+      for (int32_t t : out.tokens) tokens.mutable_tokens()->add_token_ids(t);
+      if (out.finished) {
+        if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
+        }
+        internal::v1::DecodeEvent finished;
+        finished.mutable_finished()->set_finish_reason(static_cast<int>(out.finish_reason));
+        finished.mutable_finished()->set_completion_tokens(out.completion_tokens);
+        writer->Write(finished);
+        return grpc::Status::OK;
+      }
+    }
+    if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {
+      engine_->Cancel(**stream);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
+    }
+  }
+}
+
+}  // namespace pdserve::decode

@@ -1,0 +1,29 @@
+// gRPC adapter of the decode worker: turns DecodeJob messages into
+// DecodeRequests, streams DecodeEngine output as DecodeEvents, and cancels
+// the request when the caller goes away.
+#pragma once
+
+#include <atomic>
+
+#include "decode_worker/decode_engine.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+
+namespace pdserve::decode {
+
+class DecodeService final : public internal::v1::DecodeWorker::Service {
+ public:
+  explicit DecodeService(DecodeEngine* engine) : engine_(engine) {}
+
+  grpc::Status Decode(grpc::ServerContext* context, const internal::v1::DecodeJob* job,
+                      grpc::ServerWriter<internal::v1::DecodeEvent>* writer) override;
+
+  // While draining, new requests get UNAVAILABLE; running ones finish.
+  void SetDraining(bool draining) { draining_.store(draining); }
+  bool draining() const { return draining_.load(); }
+
+ private:
+  DecodeEngine* const engine_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace pdserve::decode

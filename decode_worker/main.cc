@@ -1,0 +1,164 @@
+// pdserve_decode_worker: receives KV from prefill workers and streams the
+// remaining tokens of each request with continuous batching.
+//
+//   pdserve_decode_worker --model_dir=DIR --router=HOST:PORT [--port=0] [--kv_port=0]
+//
+// Flags are read here only and turned into options once.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/metrics_server.h"
+#include "common/process.h"
+#include "common/worker_registrar.h"
+#include "decode_worker/decode_engine.h"
+#include "decode_worker/decode_service.h"
+#include "engine/runner_factory.h"
+#include "kvtransfer/transport_factory.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, metrics and KV servers to");
+ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
+ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
+ABSL_FLAG(int, kv_port, 0, "KV receiver port (0: any free port)");
+ABSL_FLAG(std::string, router, "", "Router address (host:port) to register with; empty: do not register");
+ABSL_FLAG(std::string, worker_id, "", "Worker id (default decode-<host>:<port>)");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
+ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
+ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
+ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
+ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
+ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
+ABSL_FLAG(double, peak_memory_bandwidth, 0, "Peak memory bandwidth in bytes/s for the utilisation gauge");
+ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
+ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace pdserve {
+namespace {
+
+int Main() {
+  LogLevel level;
+  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::cerr << "--log_level: unknown level\n";
+    return 2;
+  }
+  SetMinLogLevel(level);
+  if (absl::GetFlag(FLAGS_model_dir).empty()) {
+    std::cerr << "--model_dir is required\n";
+    return 2;
+  }
+  const std::string host = absl::GetFlag(FLAGS_host);
+
+  engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
+                                       .backend = absl::GetFlag(FLAGS_backend),
+                                       .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
+                                       .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
+                                       .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                                       .num_threads = absl::GetFlag(FLAGS_threads)};
+  auto runner = engine::CreateModelRunner(runner_options);
+  if (!runner.ok()) {
+    PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
+    return 1;
+  }
+  auto receiver = kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
+                                               absl::GetFlag(FLAGS_kv_port));
+  if (!receiver.ok()) {
+    PDSERVE_LOG(ERROR) << "cannot start KV receiver: " << receiver.status();
+    return 1;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  decode::DecodeMetrics metrics(*registry);
+  auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
+  if (!metrics_server.ok()) {
+    PDSERVE_LOG(ERROR) << metrics_server.status();
+    return 1;
+  }
+
+  decode::DecodeEngineOptions engine_options{
+      .max_running = absl::GetFlag(FLAGS_max_running),
+      .kv_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_timeout_ms)),
+      .peak_memory_bandwidth = absl::GetFlag(FLAGS_peak_memory_bandwidth)};
+  // Destroyed before the receiver and the runner it uses.
+  auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(), receiver->get(),
+                                                       &metrics);
+  decode::DecodeService service(engine.get());
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
+  if (!grpc_server.ok()) {
+    PDSERVE_LOG(ERROR) << grpc_server.status();
+    return 1;
+  }
+  const std::string address = JoinHostPort(host, grpc_server->port);
+  std::string worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (worker_id.empty()) worker_id = absl::StrCat("decode-", address);
+
+  std::unique_ptr<WorkerRegistrar> registrar;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    internal::v1::WorkerInfo info;
+    info.set_worker_id(worker_id);
+    info.set_role(internal::v1::WORKER_ROLE_DECODE);
+    info.set_address(address);
+    info.set_kv_endpoint(engine->kv_endpoint());
+    info.set_model_fingerprint((*runner)->fingerprint());
+    info.set_kv_block_size((*runner)->kv_block_size());
+    info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
+    registrar = std::make_unique<WorkerRegistrar>(
+        absl::GetFlag(FLAGS_router), info, [&engine, &service] {
+          decode::DecodeLoad load = engine->load();
+          internal::v1::WorkerLoad out;
+          out.set_running_sequences(load.running + load.waiting_kv);
+          out.set_free_kv_blocks(load.free_blocks);
+          out.set_total_kv_blocks(load.total_blocks);
+          out.set_draining(service.draining());
+          return out;
+        });
+  }
+
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
+    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
+                                    {{"grpc_address", address},
+                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
+                                     {"kv_endpoint", engine->kv_endpoint()},
+                                     {"pid", absl::StrCat(getpid())}});
+    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
+  }
+  PDSERVE_LOG(INFO) << "decode worker " << worker_id << " serving on " << address << ", KV on "
+                    << engine->kv_endpoint() << ", metrics on port " << (*metrics_server)->port()
+                    << ", " << (*runner)->num_kv_blocks() << " KV blocks";
+
+  const int sig = WaitForShutdownSignal();
+  PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
+  service.SetDraining(true);
+  SetServing(*grpc_server->server, false);
+  if (registrar) registrar->Poke();
+  const absl::Time drain_deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  while (absl::Now() < drain_deadline) {
+    decode::DecodeLoad load = engine->load();
+    if (load.running + load.waiting_kv == 0) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  registrar.reset();
+  // Cancels calls still open after the deadline and waits for their handlers,
+  // which release the engine's streams before the engine goes.
+  grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  engine.reset();
+  PDSERVE_LOG(INFO) << "decode worker stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve
+
+int main(int argc, char** argv) {
+  pdserve::BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  return pdserve::Main();
+}

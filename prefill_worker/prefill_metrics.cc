@@ -1,0 +1,43 @@
+#include "prefill_worker/prefill_metrics.h"
+
+#include "common/metrics_server.h"
+
+namespace pdserve::prefill {
+namespace {
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                     const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+}  // namespace
+
+PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
+    : queue_depth(MakeGauge(r, "pdserve_prefill_queue_depth", "Prefill requests waiting for a batch")),
+      queued_tokens(MakeGauge(r, "pdserve_prefill_queued_tokens", "Prompt tokens waiting for a batch")),
+      batch_tokens(MakeHistogram(r, "pdserve_prefill_batch_tokens", "Prompt tokens per prefill batch",
+                                 {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384})),
+      step_seconds(MakeHistogram(r, "pdserve_prefill_step_seconds", "Wall time of one prefill batch",
+                                 LatencyBuckets())),
+      requests(MakeCounter(r, "pdserve_prefill_requests_total", "Prompts prefilled")),
+      prompt_tokens(MakeCounter(r, "pdserve_prefill_prompt_tokens_total", "Prompt tokens prefilled")),
+      achieved_flops(MakeGauge(r, "pdserve_prefill_achieved_flops_per_second",
+                               "Model FLOPs of the last batch / its wall time")),
+      mfu(MakeGauge(r, "pdserve_prefill_mfu_ratio", "Achieved FLOP/s over the configured peak")),
+      kv_cache_usage(MakeGauge(r, "pdserve_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use")),
+      kv_transfer_seconds(MakeHistogram(r, "pdserve_kv_transfer_seconds",
+                                        "KV transfer time, first layer queued to receiver ack",
+                                        LatencyBuckets())),
+      kv_transfer_exposed_seconds(MakeHistogram(
+          r, "pdserve_kv_transfer_exposed_seconds",
+          "KV transfer time left after prefill compute ended (not hidden behind compute)",
+          LatencyBuckets())),
+      kv_transfer_bytes(MakeCounter(r, "pdserve_kv_transfer_bytes_total", "KV bytes sent")),
+      kv_transfer_failures(MakeCounter(r, "pdserve_kv_transfer_failures_total",
+                                       "KV transfers that failed")) {}
+
+}  // namespace pdserve::prefill

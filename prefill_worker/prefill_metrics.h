@@ -1,0 +1,29 @@
+// Prometheus metrics of a prefill worker, created on an injected registry.
+#pragma once
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace pdserve::prefill {
+
+struct PrefillMetrics {
+  explicit PrefillMetrics(prometheus::Registry& registry);
+
+  prometheus::Gauge& queue_depth;         // requests waiting (not yet in a batch)
+  prometheus::Gauge& queued_tokens;       // their prompt tokens
+  prometheus::Histogram& batch_tokens;
+  prometheus::Histogram& step_seconds;
+  prometheus::Counter& requests;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Gauge& achieved_flops;      // FLOP/s of the last batch
+  prometheus::Gauge& mfu;                 // achieved / --peak_flops (0 if unset)
+  prometheus::Gauge& kv_cache_usage;      // pdserve_kv_cache_usage_ratio
+  prometheus::Histogram& kv_transfer_seconds;          // first layer queued -> receiver ack
+  prometheus::Histogram& kv_transfer_exposed_seconds;  // compute end -> receiver ack
+  prometheus::Counter& kv_transfer_bytes;
+  prometheus::Counter& kv_transfer_failures;
+};
+
+}  // namespace pdserve::prefill

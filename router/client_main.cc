@@ -1,0 +1,104 @@
+// pdserve_client: streams one generation from a router and prints the text as
+// it arrives, then the usage and the latencies seen by the client and by the
+// router.
+//
+//   pdserve_client --router=127.0.0.1:50051 --prompt="Hello" --max_tokens=32
+#include <algorithm>
+#include <iostream>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "pdserve/v1/generation.grpc.pb.h"
+
+ABSL_FLAG(std::string, router, "127.0.0.1:50051", "Router address");
+ABSL_FLAG(std::string, prompt, "", "Prompt text");
+ABSL_FLAG(std::string, token_ids, "", "Prompt as comma-separated token ids (instead of --prompt)");
+ABSL_FLAG(int, max_tokens, 32, "Tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "0: greedy");
+ABSL_FLAG(int, top_k, 0, "0: off");
+ABSL_FLAG(double, top_p, 1.0, "1: off");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed (-1: let the router choose)");
+ABSL_FLAG(bool, add_bos, true, "Prepend the model's BOS token to a text prompt");
+ABSL_FLAG(bool, ignore_eos, false, "Do not stop at end-of-sequence");
+ABSL_FLAG(int, timeout_ms, 60000, "Deadline of the call");
+ABSL_FLAG(bool, print_ids, false, "Print token ids instead of text");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  pdserve::v1::GenerateRequest request;
+  if (!absl::GetFlag(FLAGS_token_ids).empty()) {
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_token_ids), ',')) {
+      int id;
+      if (!absl::SimpleAtoi(part, &id)) {
+        std::cerr << "--token_ids: not a number: " << part << "\n";
+        return 2;
+      }
+      request.mutable_token_ids()->add_ids(id);
+    }
+  } else {
+    request.set_text(absl::GetFlag(FLAGS_prompt));
+  }
+  request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
+  auto* s = request.mutable_sampling();
+  s->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  s->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  s->set_top_k(absl::GetFlag(FLAGS_top_k));
+  s->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  s->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  if (absl::GetFlag(FLAGS_seed) >= 0) s->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+
+  auto stub = pdserve::v1::Generation::NewStub(pdserve::MakeChannel(absl::GetFlag(FLAGS_router)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))));
+  const absl::Time start = absl::Now();
+  auto reader = stub->Generate(&ctx, request);
+  pdserve::v1::GenerateResponse response, last;
+  std::vector<double> gaps_ms;
+  absl::Time prev;
+  double ttft_ms = -1;
+  while (reader->Read(&response)) {
+    const absl::Time now = absl::Now();
+    if (response.token_ids_size() > 0) {
+      if (ttft_ms < 0) {
+        ttft_ms = absl::ToDoubleMilliseconds(now - start);
+      } else {
+        gaps_ms.push_back(absl::ToDoubleMilliseconds(now - prev));
+      }
+      prev = now;
+    }
+    if (absl::GetFlag(FLAGS_print_ids)) {
+      for (int id : response.token_ids()) std::cout << id << ' ';
+    } else {
+      std::cout << response.text();
+    }
+    std::cout.flush();
+    if (response.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) last = response;
+  }
+  grpc::Status status = reader->Finish();
+  std::cout << "\n";
+  if (!status.ok()) {
+    std::cerr << "error: " << status.error_code() << " " << status.error_message() << "\n";
+    return 1;
+  }
+  std::sort(gaps_ms.begin(), gaps_ms.end());
+  auto pct = [&](double p) {
+    return gaps_ms.empty() ? 0.0 : gaps_ms[std::min(gaps_ms.size() - 1, size_t(p * gaps_ms.size()))];
+  };
+  const auto& t = last.timings();
+  std::cerr << absl::StrFormat(
+      "finish=%s prompt_tokens=%d completion_tokens=%d\n"
+      "client:  ttft=%.2f ms  itl p50=%.2f ms p99=%.2f ms  e2e=%.2f ms\n"
+      "router:  ttft=%.2f ms  mean itl=%.2f ms  queue=%.2f ms  e2e=%.2f ms  (prefill %s, decode %s)\n",
+      pdserve::v1::FinishReason_Name(last.finish_reason()), last.usage().prompt_tokens(),
+      last.usage().completion_tokens(), ttft_ms, pct(0.5), pct(0.99),
+      absl::ToDoubleMilliseconds(absl::Now() - start), t.time_to_first_token_seconds() * 1e3,
+      t.mean_inter_token_seconds() * 1e3, t.queue_seconds() * 1e3, t.e2e_seconds() * 1e3,
+      t.prefill_worker(), t.decode_worker());
+  return 0;
+}

@@ -1,0 +1,266 @@
+#include "router/generation_service.h"
+
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/sampling_convert.h"
+#include "router/request_validation.h"
+
+namespace pdserve::router {
+namespace {
+
+std::string FinishLabel(int reason) {
+  switch (static_cast<v1::FinishReason>(reason)) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP: return "stop";
+    case v1::FINISH_REASON_CONTEXT: return "context";
+    default: return "unknown";
+  }
+}
+
+std::string RejectLabel(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT: return "invalid_argument";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "resource_exhausted";
+    case grpc::StatusCode::UNAVAILABLE: return "unavailable";
+    default: return "other";
+  }
+}
+
+// Closes a worker call: the returned status says how it ended.
+grpc::Status CancelAndFinish(grpc::ClientContext& ctx,
+                             grpc::ClientReader<internal::v1::DecodeEvent>& reader) {
+  ctx.TryCancel();
+  return reader.Finish();
+}
+
+}  // namespace
+
+GenerationService::GenerationService(GenerationOptions options, const engine::ModelConfig* config,
+                                     const engine::Tokenizer* tokenizer, WorkerRegistry* registry,
+                                     const RoutingPolicy* policy, RouterMetrics* metrics)
+    : options_(options),
+      config_(config),
+      tokenizer_(tokenizer),
+      registry_(registry),
+      policy_(policy),
+      metrics_(metrics),
+      seed_counter_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {}
+
+internal::v1::PrefillWorker::Stub& GenerationService::PrefillStub(const std::string& address) {
+  absl::MutexLock lock(&stubs_mu_);
+  auto& stub = prefill_stubs_[address];
+  if (!stub) stub = internal::v1::PrefillWorker::NewStub(MakeChannel(address));
+  return *stub;
+}
+
+internal::v1::DecodeWorker::Stub& GenerationService::DecodeStub(const std::string& address) {
+  absl::MutexLock lock(&stubs_mu_);
+  auto& stub = decode_stubs_[address];
+  if (!stub) stub = internal::v1::DecodeWorker::NewStub(MakeChannel(address));
+  return *stub;
+}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* context,
+                                         const v1::GenerateRequest* request,
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const absl::Time arrival = absl::Now();
+  if (in_flight_.fetch_add(1) >= options_.max_in_flight) {
+    in_flight_.fetch_sub(1);
+    metrics_->CountRejected("capacity");
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("router at capacity: ", options_.max_in_flight, " requests in flight"));
+  }
+  metrics_->in_flight.Increment();
+  std::string finish_label;
+  grpc::Status status = Serve(context, *request, writer, arrival, &finish_label);
+  metrics_->in_flight.Decrement();
+  in_flight_.fetch_sub(1);
+  if (!finish_label.empty()) {
+    metrics_->CountFinished(finish_label);
+  } else if (!status.ok()) {
+    metrics_->CountFinished(context->IsCancelled() ? "cancelled"
+                            : status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "deadline"
+                                                                                          : "error");
+  }
+  return status;
+}
+
+grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                                      grpc::ServerWriter<v1::GenerateResponse>* writer,
+                                      absl::Time arrival, std::string* finish_label) {
+  absl::StatusOr<ValidatedRequest> req =
+      ValidateRequest(request, *config_, *tokenizer_, seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
+  if (!req.ok()) {
+    metrics_->CountRejected("invalid_argument");
+    *finish_label = "rejected";
+    return ToGrpcStatus(req.status());
+  }
+  const int prompt_len = static_cast<int>(req->prompt.size());
+  const std::string& rid = req->request_id;
+
+  // 1. Reserve KV on a decode worker; on refusal try the next one.
+  internal::v1::DecodeJob decode_job;
+  decode_job.set_request_id(rid);
+  decode_job.mutable_prompt_token_ids()->Assign(req->prompt.begin(), req->prompt.end());
+  *decode_job.mutable_sampling() = SamplingToProto(req->sampling);
+
+  std::unique_ptr<grpc::ClientContext> decode_ctx;
+  std::unique_ptr<grpc::ClientReader<internal::v1::DecodeEvent>> decode_stream;
+  internal::v1::DecodeEvent event;
+  WorkerDesc decode_worker;
+  std::set<std::string> tried;
+  grpc::Status last_refusal(grpc::StatusCode::UNAVAILABLE, "no live decode worker");
+  while (true) {
+    std::vector<WorkerView> pool = registry_->Live(Role::kDecode, absl::Now());
+    std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
+    std::optional<size_t> pick = policy_->PickDecode(pool, prompt_len + req->sampling.max_tokens);
+    if (!pick) break;
+    decode_worker = pool[*pick].desc;
+    tried.insert(decode_worker.id);
+    decode_ctx = grpc::ClientContext::FromServerContext(*context);
+    registry_->AddOutstanding(decode_worker.id, 1, 0);
+    decode_stream = DecodeStub(decode_worker.address).Decode(decode_ctx.get(), decode_job);
+    const bool got_event = decode_stream->Read(&event);
+    if (got_event && event.has_reserved()) break;
+    // A refusal ends the stream with the worker's status; anything else is cut.
+    grpc::Status s = got_event ? CancelAndFinish(*decode_ctx, *decode_stream) : decode_stream->Finish();
+    registry_->AddOutstanding(decode_worker.id, -1, 0);
+    decode_stream.reset();
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      metrics_->CountRejected("invalid_argument");
+      *finish_label = "rejected";
+      return s;
+    }
+    PDSERVE_LOG(DEBUG) << "decode worker " << decode_worker.id << " refused " << rid << ": "
+                       << s.error_message();
+    last_refusal = s.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "decode worker sent no reservation") : s;
+  }
+  if (!decode_stream) {
+    const bool none = tried.empty();
+    metrics_->CountRejected(none ? "no_decode_worker" : RejectLabel(last_refusal.error_code()));
+    *finish_label = "rejected";
+    if (none) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live decode worker");
+    return grpc::Status(last_refusal.error_code(),
+                        absl::StrCat("every decode worker refused: ", last_refusal.error_message()));
+  }
+  // Released on every path below.
+  struct DecodeOutstanding {
+    WorkerRegistry* registry;
+    std::string id;
+    ~DecodeOutstanding() { registry->AddOutstanding(id, -1, 0); }
+  } decode_outstanding{registry_, decode_worker.id};
+
+  // 2. Prefill on the least-loaded prefill worker; it sends the KV to the
+  // decode worker's reservation and answers with the first token.
+  std::vector<WorkerView> prefill_pool = registry_->Live(Role::kPrefill, absl::Now());
+  std::optional<size_t> prefill_pick = policy_->PickPrefill(prefill_pool, prompt_len);
+  if (!prefill_pick) {
+    CancelAndFinish(*decode_ctx, *decode_stream);
+    metrics_->CountRejected("no_prefill_worker");
+    *finish_label = "rejected";
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live prefill worker");
+  }
+  const WorkerDesc prefill_worker = prefill_pool[*prefill_pick].desc;
+  internal::v1::PrefillJob prefill_job;
+  prefill_job.set_request_id(rid);
+  prefill_job.mutable_prompt_token_ids()->Assign(req->prompt.begin(), req->prompt.end());
+  *prefill_job.mutable_sampling() = SamplingToProto(req->sampling);
+  *prefill_job.mutable_kv_target() = event.reserved().kv_target();
+  internal::v1::PrefillResult prefill_result;
+  auto prefill_ctx = grpc::ClientContext::FromServerContext(*context);
+  const absl::Time dispatch = absl::Now();
+  registry_->AddOutstanding(prefill_worker.id, 1, prompt_len);
+  grpc::Status prefill_status =
+      PrefillStub(prefill_worker.address).Prefill(prefill_ctx.get(), prefill_job, &prefill_result);
+  registry_->AddOutstanding(prefill_worker.id, -1, -prompt_len);
+  if (!prefill_status.ok()) {
+    CancelAndFinish(*decode_ctx, *decode_stream);
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    PDSERVE_LOG(WARNING) << "request " << rid << ": prefill on " << prefill_worker.id
+                         << " failed: " << prefill_status.error_message();
+    return grpc::Status(prefill_status.error_code(),
+                        absl::StrCat("prefill failed: ", prefill_status.error_message()));
+  }
+
+  // 3. First token: time to first token ends when it is sent.
+  engine::IncrementalDetokenizer detok(*tokenizer_);
+  metrics_->prompt_tokens.Increment(prompt_len);
+  const double queue_seconds = absl::ToDoubleSeconds(dispatch - arrival) + prefill_result.queue_seconds();
+  metrics_->queue_time.Observe(queue_seconds);
+  {
+    v1::GenerateResponse first;
+    first.set_request_id(rid);
+    first.add_token_ids(prefill_result.first_token_id());
+    first.set_text(detok.Push(prefill_result.first_token_id()));
+    if (!writer->Write(first)) {
+      CancelAndFinish(*decode_ctx, *decode_stream);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+  const absl::Time first_token_time = absl::Now();
+  metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(first_token_time - arrival));
+  metrics_->generation_tokens.Increment();
+  int completion_tokens = 1;
+  absl::Time last_token_time = first_token_time;
+
+  // 4. Proxy the decode stream.
+  while (decode_stream->Read(&event)) {
+    if (event.has_tokens()) {
+      v1::GenerateResponse delta;
+      std::string text;
+      for (int32_t t : event.tokens().token_ids()) {
+        delta.add_token_ids(t);
+        text += detok.Push(t);
+      }
+      delta.set_text(std::move(text));
+      const int n = event.tokens().token_ids_size();
+      if (!writer->Write(delta)) {
+        CancelAndFinish(*decode_ctx, *decode_stream);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+      const absl::Time now = absl::Now();
+      // Tokens that arrive together share one gap.
+      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(now - last_token_time));
+      for (int i = 1; i < n; ++i) metrics_->inter_token_latency.Observe(0);
+      last_token_time = now;
+      completion_tokens += n;
+      metrics_->generation_tokens.Increment(n);
+    } else if (event.has_finished()) {
+      const absl::Time end = absl::Now();
+      v1::GenerateResponse last;
+      last.set_request_id(rid);
+      last.set_text(detok.Flush());
+      last.set_finish_reason(static_cast<v1::FinishReason>(event.finished().finish_reason()));
+      last.mutable_usage()->set_prompt_tokens(prompt_len);
+      last.mutable_usage()->set_completion_tokens(completion_tokens);
+      v1::Timings* timings = last.mutable_timings();
+      timings->set_queue_seconds(queue_seconds);
+      timings->set_time_to_first_token_seconds(absl::ToDoubleSeconds(first_token_time - arrival));
+      timings->set_mean_inter_token_seconds(
+          completion_tokens > 1 ? absl::ToDoubleSeconds(last_token_time - first_token_time) /
+                                      (completion_tokens - 1)
+                                : 0.0);
+      timings->set_e2e_seconds(absl::ToDoubleSeconds(end - arrival));
+      timings->set_prefill_worker(prefill_worker.id);
+      timings->set_decode_worker(decode_worker.id);
+      metrics_->e2e_latency.Observe(absl::ToDoubleSeconds(end - arrival));
+      *finish_label = FinishLabel(event.finished().finish_reason());
+      writer->Write(last);
+      decode_stream->Finish();
+      return grpc::Status::OK;
+    }
+  }
+  grpc::Status s = decode_stream->Finish();
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "decode stream ended without finishing");
+  PDSERVE_LOG(WARNING) << "request " << rid << ": decode on " << decode_worker.id
+                       << " failed: " << s.error_message();
+  return grpc::Status(s.error_code(), absl::StrCat("decode failed: ", s.error_message()));
+}
+
+}  // namespace pdserve::router

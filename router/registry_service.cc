@@ -1,0 +1,51 @@
+#include "router/registry_service.h"
+
+#include "common/grpc_util.h"
+
+namespace pdserve::router {
+namespace {
+LoadReport FromProto(const internal::v1::WorkerLoad& l) {
+  return LoadReport{.queued_prompt_tokens = l.queued_prompt_tokens(),
+                    .queued_requests = l.queued_requests(),
+                    .running_sequences = l.running_sequences(),
+                    .free_kv_blocks = l.free_kv_blocks(),
+                    .total_kv_blocks = l.total_kv_blocks(),
+                    .draining = l.draining()};
+}
+}  // namespace
+
+grpc::Status RegistryService::Register(grpc::ServerContext*, const internal::v1::RegisterRequest* request,
+                                       internal::v1::RegisterResponse* response) {
+  const internal::v1::WorkerInfo& w = request->worker();
+  WorkerDesc desc;
+  switch (w.role()) {
+    case internal::v1::WORKER_ROLE_PREFILL: desc.role = Role::kPrefill; break;
+    case internal::v1::WORKER_ROLE_DECODE: desc.role = Role::kDecode; break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker.role must be PREFILL or DECODE");
+  }
+  desc.id = w.worker_id();
+  desc.address = w.address();
+  desc.kv_endpoint = w.kv_endpoint();
+  desc.model_fingerprint = w.model_fingerprint();
+  desc.kv_block_size = w.kv_block_size();
+  desc.metrics_address = w.metrics_address();
+  absl::Status s = registry_->Register(desc, FromProto(request->load()), absl::Now());
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(heartbeat_interval_)));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const internal::v1::HeartbeatRequest* request,
+                                        internal::v1::HeartbeatResponse* response) {
+  response->set_known(registry_->Heartbeat(request->worker_id(), FromProto(request->load()), absl::Now()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Deregister(grpc::ServerContext*, const internal::v1::DeregisterRequest* request,
+                                         internal::v1::DeregisterResponse*) {
+  registry_->Deregister(request->worker_id());
+  return grpc::Status::OK;
+}
+
+}  // namespace pdserve::router

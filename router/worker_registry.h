@@ -1,0 +1,83 @@
+// The router's view of the worker pools: who is registered, their last
+// reported load, and what this router has sent them that their reports may
+// not show yet. Time is an input (no clock reads), so expiry is tested
+// without sleeping. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pdserve::router {
+
+enum class Role { kPrefill, kDecode };
+
+struct WorkerDesc {
+  std::string id;
+  Role role = Role::kPrefill;
+  std::string address;       // gRPC host:port
+  std::string kv_endpoint;   // decode only
+  uint64_t model_fingerprint = 0;
+  int kv_block_size = 0;     // tokens per KV block
+  std::string metrics_address;
+};
+
+struct LoadReport {
+  int64_t queued_prompt_tokens = 0;  // prefill
+  int queued_requests = 0;           // prefill
+  int running_sequences = 0;         // decode
+  int free_kv_blocks = 0;            // decode
+  int total_kv_blocks = 0;           // decode
+  bool draining = false;
+};
+
+// A live worker as routing policies see it.
+struct WorkerView {
+  WorkerDesc desc;
+  LoadReport load;
+  int outstanding_requests = 0;    // sent by this router, not yet finished
+  int64_t outstanding_tokens = 0;  // prompt tokens of outstanding prefills
+};
+
+class WorkerRegistry {
+ public:
+  // A worker silent for longer than `ttl` is dropped.
+  explicit WorkerRegistry(absl::Duration ttl) : ttl_(ttl) {}
+
+  // Adds or replaces a worker. FAILED_PRECONDITION if its model fingerprint
+  // differs from the live workers' (mixing models would corrupt KV).
+  absl::Status Register(const WorkerDesc& desc, const LoadReport& load, absl::Time now);
+  // False if the worker is unknown (expired or never registered).
+  bool Heartbeat(const std::string& id, const LoadReport& load, absl::Time now);
+  void Deregister(const std::string& id);
+
+  // Live, non-draining workers of `role`; expired workers are dropped first.
+  std::vector<WorkerView> Live(Role role, absl::Time now);
+  // Live workers of `role`, draining ones included.
+  int CountLive(Role role, absl::Time now);
+
+  // Router-side accounting between heartbeats.
+  void AddOutstanding(const std::string& id, int requests, int64_t tokens);
+
+ private:
+  struct Entry {
+    WorkerDesc desc;
+    LoadReport load;
+    absl::Time last_seen;
+    int outstanding_requests = 0;
+    int64_t outstanding_tokens = 0;
+  };
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration ttl_;
+  absl::Mutex mu_;
+  std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // ordered: deterministic ties
+};
+
+}  // namespace pdserve::router

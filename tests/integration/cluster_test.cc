@@ -1,0 +1,361 @@
+// End to end on loopback: a real router, prefill worker and decode worker
+// (separate processes, KV over TCP) serve streamed generations that must
+// equal the same engine run in one process, token for token.
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "engine/generator.h"
+#include "engine/model_writer.h"
+#include "engine/runner_factory.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+
+namespace pdserve::testing {
+namespace {
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::GenerateResponse last;
+  int messages = 0;
+};
+
+StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                         absl::Duration timeout = absl::Seconds(60)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  auto reader = stub.Generate(&ctx, request);
+  StreamResult out;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    ++out.messages;
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    out.text += response.text();
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.last = response;
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens) {
+  v1::GenerateRequest r;
+  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    work_dir_ = new std::string(::testing::TempDir() + "/pdserve_cluster_test");
+    std::filesystem::remove_all(*work_dir_);
+    std::filesystem::create_directories(*work_dir_);
+    model_dir_ = new std::string(*work_dir_ + "/model");
+    engine::ModelConfig config = engine::DefaultDemoConfig();
+    config.max_position_embeddings = 512;
+    ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/7, "f32", *model_dir_).ok());
+    cluster_ = new LocalCluster(ClusterOptions{.model_dir = *model_dir_, .work_dir = *work_dir_});
+    absl::Status s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  static std::unique_ptr<engine::ModelRunner> LocalRunner() {
+    auto runner = engine::CreateModelRunner({.model_dir = *model_dir_, .num_kv_blocks = 128, .num_threads = 1});
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    return std::move(*runner);
+  }
+
+  double WorkerMetric(Process& p, const std::string& name) {
+    auto text = HttpGet(p.metrics_port, "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? MetricValue(*text, name) : -1;
+  }
+
+  // Waits until both workers hold no KV; returns false on timeout.
+  bool WaitKvFreed(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (WorkerMetric(*cluster_->decode()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+          WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+          WorkerMetric(*cluster_->decode()[0], "pdserve_decode_running_sequences") == 0 &&
+          WorkerMetric(*cluster_->decode()[0], "pdserve_decode_waiting_kv_sequences") == 0) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  static std::string* work_dir_;
+  static std::string* model_dir_;
+  static LocalCluster* cluster_;
+};
+std::string* ClusterTest::work_dir_ = nullptr;
+std::string* ClusterTest::model_dir_ = nullptr;
+LocalCluster* ClusterTest::cluster_ = nullptr;
+
+TEST_F(ClusterTest, GreedyEqualsInProcessEngine) {
+  auto runner = LocalRunner();
+  auto stub = cluster_->NewClient();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {256, 72, 101, 108, 108, 111},
+      {1},
+      {256, 84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110, 32, 102, 111, 120},
+      std::vector<int32_t>(40, 65),
+      {300, 12, 250, 3, 99, 42, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}};
+  for (const auto& prompt : prompts) {
+    engine::SamplingParams params;
+    params.max_tokens = 24;
+    auto expected = engine::GenerateLocally(*runner, prompt, params);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    StreamResult got = RunGenerate(*stub, TokenRequest(prompt, 24));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, expected->tokens) << "prompt of " << prompt.size() << " tokens";
+    EXPECT_EQ(static_cast<int>(got.last.finish_reason()), static_cast<int>(expected->finish_reason));
+    EXPECT_EQ(got.last.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+    EXPECT_EQ(got.last.usage().completion_tokens(), static_cast<int>(got.tokens.size()));
+    EXPECT_GT(got.last.timings().time_to_first_token_seconds(), 0);
+  }
+}
+
+TEST_F(ClusterTest, SeededSamplingEqualsInProcessEngine) {
+  auto runner = LocalRunner();
+  auto stub = cluster_->NewClient();
+  const std::vector<int32_t> prompt = {256, 83, 97, 109, 112, 108, 101};
+  for (uint64_t seed : {1u, 2u, 99u}) {
+    engine::SamplingParams params{.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = seed,
+                                  .max_tokens = 20};
+    auto expected = engine::GenerateLocally(*runner, prompt, params);
+    ASSERT_TRUE(expected.ok());
+    v1::GenerateRequest request = TokenRequest(prompt, 20);
+    request.mutable_sampling()->set_temperature(0.9f);
+    request.mutable_sampling()->set_top_k(50);
+    request.mutable_sampling()->set_top_p(0.95f);
+    request.mutable_sampling()->set_seed(seed);
+    StreamResult got = RunGenerate(*stub, request);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, expected->tokens) << "seed " << seed;
+  }
+}
+
+TEST_F(ClusterTest, TextPromptStreamsValidUtf8) {
+  auto stub = cluster_->NewClient();
+  v1::GenerateRequest request;
+  request.set_text("Héllo, wörld — ☃ 你好");
+  request.set_add_bos(true);
+  request.mutable_sampling()->set_max_tokens(32);
+  request.mutable_sampling()->set_ignore_eos(true);
+  StreamResult got = RunGenerate(*stub, request);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens.size(), 32u);
+  EXPECT_EQ(got.last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(got.last.usage().prompt_tokens(), 1 + static_cast<int>(std::string("Héllo, wörld — ☃ 你好").size()));
+  EXPECT_GE(got.messages, 2);
+}
+
+TEST_F(ClusterTest, EightConcurrentStreamsComplete) {
+  constexpr int kStreams = 8;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = cluster_->NewClient();
+      v1::GenerateRequest request = TokenRequest({256, 65 + i, 66, 67, 68 + i}, 40 + i);
+      request.mutable_sampling()->set_ignore_eos(true);
+      request.mutable_sampling()->set_temperature(0.7f);
+      request.mutable_sampling()->set_seed(1000 + i);
+      results[i] = RunGenerate(*stub, request);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(40 + i));
+    EXPECT_EQ(results[i].last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  }
+  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
+}
+
+TEST_F(ClusterTest, BadInputIsInvalidArgumentNamingTheField) {
+  auto stub = cluster_->NewClient();
+  struct Case {
+    std::string name;
+    v1::GenerateRequest request;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  {
+    v1::GenerateRequest r;
+    r.mutable_sampling()->set_max_tokens(4);
+    cases.push_back({"no input", r, "input"});
+    r.set_text("");
+    cases.push_back({"empty text", r, "text"});
+  }
+  {
+    v1::GenerateRequest r = TokenRequest({}, 4);
+    r.mutable_token_ids();
+    cases.push_back({"empty token ids", r, "token_ids"});
+  }
+  cases.push_back({"too long", TokenRequest(std::vector<int32_t>(600, 5), 4), "input"});
+  cases.push_back({"max_tokens 0", TokenRequest({1, 2}, 0), "max_tokens"});
+  cases.push_back({"max_tokens negative", TokenRequest({1, 2}, -3), "max_tokens"});
+  cases.push_back({"past context", TokenRequest(std::vector<int32_t>(500, 5), 100), "max_tokens"});
+  cases.push_back({"token out of range", TokenRequest({1, 100000}, 4), "token_ids"});
+  {
+    v1::GenerateRequest r = TokenRequest({1, 2}, 4);
+    r.mutable_sampling()->set_temperature(-1);
+    cases.push_back({"negative temperature", r, "temperature"});
+  }
+  {
+    v1::GenerateRequest r = TokenRequest({1, 2}, 4);
+    r.mutable_sampling()->set_top_p(1.5f);
+    cases.push_back({"top_p above 1", r, "top_p"});
+  }
+  {
+    v1::GenerateRequest r = TokenRequest({1, 2}, 4);
+    r.mutable_sampling()->set_top_k(-2);
+    cases.push_back({"negative top_k", r, "top_k"});
+  }
+  {
+    v1::GenerateRequest r = TokenRequest({1, 2}, 4);
+    r.mutable_sampling()->add_stop_token_ids(-1);
+    cases.push_back({"bad stop token", r, "stop_token_ids"});
+  }
+  for (const Case& c : cases) {
+    StreamResult got = RunGenerate(*stub, c.request);
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_NE(got.status.error_message().find(c.field), std::string::npos)
+        << c.name << ": \"" << got.status.error_message() << "\" does not name " << c.field;
+    EXPECT_EQ(got.messages, 0) << c.name;
+  }
+}
+
+TEST_F(ClusterTest, CancelAndDeadlineFreeKvOnBothWorkers) {
+  auto stub = cluster_->NewClient();
+  // Cancel after the first tokens arrived.
+  for (int i = 0; i < 4; ++i) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest request = TokenRequest({256, 10, 20, 30, static_cast<int32_t>(40 + i)}, 400);
+    request.mutable_sampling()->set_ignore_eos(true);
+    auto reader = stub->Generate(&ctx, request);
+    v1::GenerateResponse response;
+    int received = 0;
+    while (received < 3 && reader->Read(&response)) ++received;
+    EXPECT_EQ(received, 3);
+    ctx.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // Cancel before anything arrived, and a deadline that expires mid-stream.
+  for (int i = 0; i < 4; ++i) {
+    grpc::ClientContext ctx;
+    if (i % 2 == 0) ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(30)));
+    v1::GenerateRequest request = TokenRequest(std::vector<int32_t>(64, 7 + i), 440);
+    request.mutable_sampling()->set_ignore_eos(true);
+    auto reader = stub->Generate(&ctx, request);
+    if (i % 2 == 1) ctx.TryCancel();
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+    }
+    grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::CANCELLED ||
+                s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+        << s.error_message();
+  }
+  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10))) << "KV not freed after cancellations";
+}
+
+TEST_F(ClusterTest, MetricsCountTtftAndItl) {
+  auto stub = cluster_->NewClient();
+  v1::GenerateRequest request = TokenRequest({256, 1, 2, 3}, 8);
+  request.mutable_sampling()->set_ignore_eos(true);
+  ASSERT_TRUE(RunGenerate(*stub, request).status.ok());
+  auto text = HttpGet(cluster_->router_metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_GT(MetricValue(*text, "pdserve_time_to_first_token_seconds_count"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_inter_token_latency_seconds_count"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_e2e_request_latency_seconds_count"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_request_queue_time_seconds_count"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_requests_total"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_generation_tokens_total"), 0);
+  EXPECT_GT(MetricValue(*text, "pdserve_prompt_tokens_total"), 0);
+  EXPECT_NE(text->find("pdserve_requests_in_flight"), std::string::npos);
+  EXPECT_GT(WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_transfer_bytes_total"), 0);
+  EXPECT_GT(WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_transfer_seconds_count"), 0);
+  auto prefill_text = HttpGet(cluster_->prefill()[0]->metrics_port, "/metrics");
+  ASSERT_TRUE(prefill_text.ok());
+  EXPECT_NE(prefill_text->find("pdserve_prefill_queue_depth"), std::string::npos);
+  EXPECT_GT(WorkerMetric(*cluster_->decode()[0], "pdserve_decode_step_seconds_count"), 0);
+}
+
+// A second cluster shape: capacity and empty pools.
+class ClusterLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    work_dir_ = ::testing::TempDir() + "/pdserve_limits_test";
+    std::filesystem::remove_all(work_dir_);
+    std::filesystem::create_directories(work_dir_);
+    model_dir_ = work_dir_ + "/model";
+    engine::ModelConfig config = engine::DefaultDemoConfig();
+    config.max_position_embeddings = 512;
+    ASSERT_TRUE(engine::WriteRandomModel(config, 11, "f32", model_dir_).ok());
+  }
+  std::string work_dir_;
+  std::string model_dir_;
+};
+
+TEST_F(ClusterLimitsTest, EmptyPoolsAreUnavailableAndFullCacheIsResourceExhausted) {
+  // Router with a decode worker whose cache holds 4 blocks of 16 tokens, and
+  // no prefill worker at first.
+  LocalCluster cluster(ClusterOptions{.model_dir = model_dir_, .work_dir = work_dir_, .num_prefill = 0,
+                                      .num_decode = 0,
+                                      .decode_flags = {"--kv_cache_bytes=0", "--num_kv_blocks=4"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+  StreamResult got = RunGenerate(*stub, TokenRequest({1, 2, 3}, 4));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("decode"), std::string::npos);
+
+  ASSERT_TRUE(cluster.AddDecode().ok());
+  ASSERT_TRUE(cluster.WaitForPools(0, 1, absl::Seconds(20)).ok());
+  got = RunGenerate(*stub, TokenRequest({1, 2, 3}, 4));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("prefill"), std::string::npos);
+
+  ASSERT_TRUE(cluster.AddPrefill().ok());
+  ASSERT_TRUE(cluster.WaitForPools(1, 1, absl::Seconds(20)).ok());
+  got = RunGenerate(*stub, TokenRequest({1, 2, 3}, 4));
+  EXPECT_TRUE(got.status.ok()) << got.status.error_message();
+  // 60 + 40 tokens need more than 64 slots.
+  got = RunGenerate(*stub, TokenRequest(std::vector<int32_t>(60, 3), 40));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << got.status.error_message();
+
+  // A killed worker drops out of the pool.
+  cluster.decode()[0]->proc.Kill();
+  ASSERT_TRUE(cluster.WaitForPools(1, 0, absl::Seconds(20)).ok());
+  got = RunGenerate(*stub, TokenRequest({1, 2, 3}, 4));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  auto text = HttpGet(cluster.router_metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok());
+  EXPECT_GE(MetricValue(*text, "pdserve_requests_rejected_total"), 4);
+}
+
+TEST_F(ClusterLimitsTest, RouterAdmissionLimitIsResourceExhausted) {
+  LocalCluster cluster(ClusterOptions{.model_dir = model_dir_, .work_dir = work_dir_, .num_prefill = 0,
+                                      .num_decode = 0, .router_flags = {"--max_in_flight=0"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+  StreamResult got = RunGenerate(*stub, TokenRequest({1, 2, 3}, 4));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << got.status.error_message();
+}
+
+}  // namespace
+}  // namespace pdserve::testing

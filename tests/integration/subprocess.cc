@@ -1,0 +1,133 @@
+#include "tests/integration/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace pdserve::testing {
+
+Subprocess::~Subprocess() { Stop(absl::Seconds(5)); }
+
+absl::Status Subprocess::Start(const std::vector<std::string>& argv, const std::string& log_path) {
+  log_path_ = log_path;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  // Children must not inherit blocked signals from the test's threads.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    pid_ = -1;
+    return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", strerror(rc)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Subprocess::WaitReady(const std::string& ready_path,
+                                                                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("process exited before ready; log:\n", ReadLog()));
+    }
+    std::ifstream in(ready_path);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+      if (!j.is_discarded() && j.is_object()) return j.get<std::map<std::string, std::string>>();
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("not ready within ", absl::FormatDuration(timeout),
+                                                  "; log:\n", ReadLog()));
+}
+
+int Subprocess::Stop(absl::Duration grace) {
+  if (pid_ <= 0) return 0;
+  kill(pid_, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  int status = 0;
+  while (absl::Now() < deadline) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return -SIGKILL;
+}
+
+void Subprocess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+std::string Subprocess::ReadLog() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(5);
+  auto res = client.Get(path.c_str());
+  if (!res) return absl::UnavailableError(absl::StrCat("GET :", port, path, " failed"));
+  if (res->status != 200) return absl::UnavailableError(absl::StrCat("GET ", path, ": HTTP ", res->status));
+  return res->body;
+}
+
+double MetricValue(const std::string& exposition, const std::string& metric) {
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!absl::StartsWith(line, metric)) continue;
+    const char next = line.size() > metric.size() ? line[metric.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(space + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+}  // namespace pdserve::testing

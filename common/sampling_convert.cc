@@ -11,6 +11,12 @@ engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& s) 
   p.max_tokens = s.max_tokens();
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.min_tokens = s.min_tokens();
+  p.logprobs = s.logprobs();
   return p;
 }
 
@@ -23,7 +29,23 @@ internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& p) {
   s.set_max_tokens(p.max_tokens);
   for (int32_t t : p.stop_token_ids) s.add_stop_token_ids(t);
   s.set_ignore_eos(p.ignore_eos);
+  s.set_min_p(p.min_p);
+  s.set_repetition_penalty(p.repetition_penalty);
+  s.set_presence_penalty(p.presence_penalty);
+  s.set_frequency_penalty(p.frequency_penalty);
+  s.set_min_tokens(p.min_tokens);
+  s.set_logprobs(p.logprobs);
   return s;
+}
+
+internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token) {
+  internal::v1::SampledLogprobs out;
+  out.set_logprob(token.logprob);
+  for (const engine::TopLogprob& t : token.top) {
+    out.add_top_ids(t.token);
+    out.add_top_logprobs(t.logprob);
+  }
+  return out;
 }
 
 }  // namespace pdserve

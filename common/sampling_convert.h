@@ -9,5 +9,6 @@ namespace pdserve {
 
 engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& sampling);
 internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& params);
+internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token);
 
 }  // namespace pdserve

@@ -149,6 +149,7 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     Sequence seq;
     seq.request_id = std::move(request.request_id);
     seq.sampling = std::move(request.sampling);
+    seq.prompt = std::move(request.prompt);
     seq.block_table = table;
     seq.prompt_len = prompt_len;
     seq.transfer_id = transfer_id;
@@ -217,7 +218,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   }
   seq.last_token = token;
   seq.position = seq.prompt_len;
-  seq.generated = 1;
+  seq.generated.push_back(token);
   const engine::FinishReason reason =
       engine::CheckFinish(runner_->config(), seq.sampling, token, 1, seq.prompt_len + 1);
   if (reason != engine::FinishReason::kNone) {
@@ -260,8 +261,9 @@ void DecodeEngine::Loop() {
   std::vector<engine::SeqId> ids;
   std::vector<Sequence*> batch_seqs;
   std::vector<engine::DecodeSequence> batch;
-  std::vector<int32_t> sampled;
+  std::vector<engine::SampledToken> sampled;
   std::vector<float> logits;
+  std::vector<float> scratch;
   while (true) {
     ids.clear();
     batch_seqs.clear();
@@ -288,12 +290,15 @@ void DecodeEngine::Loop() {
 
     const absl::Time start = absl::Now();
     absl::Status status = runner_->Decode(batch, logits);
-    sampled.assign(batch.size(), 0);
+    sampled.assign(batch.size(), {});
     if (status.ok()) {
+      // Histories are only appended to by this thread, after the step.
       const size_t vocab = static_cast<size_t>(config.vocab_size);
       for (size_t i = 0; i < batch.size(); ++i) {
-        sampled[i] = engine::SampleToken(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                         batch_seqs[i]->sampling, batch_seqs[i]->generated);
+        const Sequence& seq = *batch_seqs[i];
+        sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                    seq.sampling, {.prompt = seq.prompt, .generated = seq.generated},
+                                    config.eos_token_ids, scratch);
       }
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -321,18 +326,19 @@ void DecodeEngine::Loop() {
         FreeLocked(ids[i]);
         continue;
       }
-      const int32_t token = sampled[i];
-      ++seq.generated;
+      const int32_t token = sampled[i].token;
+      seq.generated.push_back(token);
       ++seq.position;
       seq.last_token = token;
       metrics_->generation_tokens.Increment();
+      const int num_generated = static_cast<int>(seq.generated.size());
       const engine::FinishReason reason = engine::CheckFinish(
-          config, seq.sampling, token, seq.generated, seq.prompt_len + seq.generated);
-      DecodeOutput out{.tokens = {token}};
+          config, seq.sampling, token, num_generated, seq.prompt_len + num_generated);
+      DecodeOutput out{.tokens = {std::move(sampled[i])}};
       if (reason != engine::FinishReason::kNone) {
         out.finished = true;
         out.finish_reason = reason;
-        out.completion_tokens = seq.generated;
+        out.completion_tokens = num_generated;
         seq.stream->Push(std::move(out));
         FreeLocked(ids[i]);
       } else {

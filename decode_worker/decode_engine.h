@@ -39,7 +39,7 @@ struct DecodeRequest {
 
 // One message for the request's stream.
 struct DecodeOutput {
-  std::vector<int32_t> tokens;       // generated after the first token
+  std::vector<engine::SampledToken> tokens;  // generated after the first token
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   int completion_tokens = 0;         // with the first token, when finished
@@ -103,11 +103,12 @@ class DecodeEngine {
     std::string request_id;
     engine::SamplingParams sampling;
     std::vector<int32_t> block_table;  // copy: stable while the sequence lives
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> generated;    // output so far, the first token included
     int prompt_len = 0;
     State state = State::kAwaitingKv;
     int32_t last_token = 0;  // newest token, not yet in the cache
     int position = 0;        // position of last_token
-    int generated = 0;       // tokens generated so far, the first included
     bool cancelled = false;
     bool in_step = false;    // part of the step being computed
     kvtransfer::TransferId transfer_id = 0;

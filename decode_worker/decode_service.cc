@@ -37,7 +37,10 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context,
         engine_->Cancel(**stream);
         return ToGrpcStatus(out.error);
       }
-      for (int32_t t : out.tokens) tokens.mutable_tokens()->add_token_ids(t);
+      for (const engine::SampledToken& t : out.tokens) {
+        tokens.mutable_tokens()->add_token_ids(t.token);
+        if (job->sampling().logprobs() >= 0) *tokens.mutable_tokens()->add_logprobs() = LogprobsToProto(t);
+      }
       if (out.finished) {
         if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {
           return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");

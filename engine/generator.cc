@@ -37,7 +37,14 @@ absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<co
   std::vector<float> logits;
   const PrefillSequence seq{prompt, table};
   if (absl::Status s = runner.Prefill({&seq, 1}, nullptr, logits); !s.ok()) return s;
-  int32_t token = SampleToken(logits, params, 0);
+  std::vector<float> scratch;
+  auto sample = [&] {
+    SampledToken t = Sample(logits, params, {.prompt = prompt, .generated = result.tokens},
+                            config.eos_token_ids, scratch);
+    result.logprobs.push_back(t);
+    return t.token;
+  };
+  int32_t token = sample();
   result.tokens.push_back(token);
   result.finish_reason = CheckFinish(config, params, token, 1, static_cast<int>(prompt_len) + 1);
 
@@ -45,7 +52,7 @@ absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<co
     const int step = static_cast<int>(result.tokens.size());  // index of the token to sample
     const DecodeSequence next{token, static_cast<int32_t>(prompt_len) + step - 1, table};
     if (absl::Status s = runner.Decode({&next, 1}, logits); !s.ok()) return s;
-    token = SampleToken(logits, params, step);
+    token = sample();
     result.tokens.push_back(token);
     result.finish_reason =
         CheckFinish(config, params, token, step + 1, static_cast<int>(prompt_len) + step + 1);

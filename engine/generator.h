@@ -17,6 +17,8 @@ namespace pdserve::engine {
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated tokens, the prompt excluded
+  // Per token (logprob fields filled when params.logprobs >= 0).
+  std::vector<SampledToken> logprobs;
   FinishReason finish_reason = FinishReason::kNone;
 };
 

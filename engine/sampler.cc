@@ -163,6 +163,23 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {  // catches NaN
     return FieldError("top_p", "(0, 1]", params.top_p);
   }
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) return FieldError("min_p", "[0, 1]", params.min_p);
+  if (!(params.repetition_penalty > 0.0f && params.repetition_penalty <= 10.0f)) {
+    return FieldError("repetition_penalty", "(0, 10]", params.repetition_penalty);
+  }
+  if (!(params.presence_penalty >= -2.0f && params.presence_penalty <= 2.0f)) {
+    return FieldError("presence_penalty", "[-2, 2]", params.presence_penalty);
+  }
+  if (!(params.frequency_penalty >= -2.0f && params.frequency_penalty <= 2.0f)) {
+    return FieldError("frequency_penalty", "[-2, 2]", params.frequency_penalty);
+  }
+  if (params.logprobs < -1 || params.logprobs > 20) {
+    return FieldError("logprobs", "[0, 20]", params.logprobs);
+  }
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
+    return FieldError("min_tokens", absl::StrCat("[0, max_tokens=", params.max_tokens, "]"),
+                      params.min_tokens);
+  }
   if (params.max_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.max_tokens must be >= 1, got ", params.max_tokens));
@@ -237,6 +254,20 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     total += c.value;
   }
 
+  if (params.min_p > 0.0f && max_logit != std::numeric_limits<float>::infinity()) {
+    // Numerators are relative to the largest logit (whose numerator is 1), so
+    // p / p_max is the numerator itself. The most likely token always stays.
+    const double floor = static_cast<double>(params.min_p);
+    size_t n = 0;
+    for (const Candidate& c : kept) {
+      kept[n] = c;
+      n += c.value >= floor;
+    }
+    kept = kept.first(std::max<size_t>(n, 1));
+    total = 0.0;
+    for (const Candidate& c : kept) total += c.value;
+  }
+
   if (params.top_p < 1.0f && kept.size() > 1) {
     const double threshold =
         std::max(0.0, static_cast<double>(params.top_p) * total * (1.0 - kTopPSlack));
@@ -263,6 +294,91 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     if (target < cum) return c.id;
   }
   return kept.back().id;  // target rounded to the very top
+}
+
+void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,
+                           const TokenHistory& history, std::span<const int> eos_ids) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  if (params.repetition_penalty != 1.0f) {
+    // Each distinct token once: mark, then penalise the marked.
+    thread_local std::vector<uint8_t> seen;
+    seen.assign(logits.size(), 0);
+    for (auto part : {history.prompt, history.generated}) {
+      for (int32_t t : part) {
+        if (t >= 0 && t < vocab) seen[t] = 1;
+      }
+    }
+    const float p = params.repetition_penalty;
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (seen[t]) logits[t] = logits[t] > 0 ? logits[t] / p : logits[t] * p;
+    }
+  }
+  if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
+    thread_local std::vector<int32_t> counts;
+    counts.assign(logits.size(), 0);
+    for (int32_t t : history.generated) {
+      if (t >= 0 && t < vocab) ++counts[t];
+    }
+    for (int32_t t : history.generated) {
+      if (t < 0 || t >= vocab || counts[t] == 0) continue;
+      logits[t] -= params.presence_penalty + params.frequency_penalty * static_cast<float>(counts[t]);
+      counts[t] = 0;  // once per distinct token
+    }
+  }
+  if (static_cast<int>(history.generated.size()) < params.min_tokens) {
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    if (!params.ignore_eos) {
+      for (int eos : eos_ids) {
+        if (eos >= 0 && eos < vocab) logits[eos] = kMasked;
+      }
+    }
+    for (int32_t stop : params.stop_token_ids) {
+      if (stop >= 0 && stop < vocab) logits[stop] = kMasked;
+    }
+  }
+}
+
+SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
+                    const TokenHistory& history, std::span<const int> eos_ids,
+                    std::vector<float>& scratch) {
+  const int step = static_cast<int>(history.generated.size());
+  const bool masks_eos = step < params.min_tokens;
+  SampledToken out;
+  if (params.HasPenalties() || masks_eos) {
+    scratch.assign(logits.begin(), logits.end());
+    ApplyLogitsProcessors(scratch, params, history, eos_ids);
+    out.token = SampleToken(scratch, params, step);
+  } else {
+    out.token = SampleToken(logits, params, step);
+  }
+  if (params.logprobs < 0 || logits.empty()) return out;
+
+  // Log-softmax of the raw logits, in double; NaN counts as -inf.
+  const float max_logit = MaxLogit(logits);
+  double sum = 0.0;
+  if (max_logit > -std::numeric_limits<float>::infinity()) {
+    for (float x : logits) {
+      if (x == x) sum += std::exp(static_cast<double>(x) - max_logit);
+    }
+  }
+  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  auto logprob = [&](int32_t id) {
+    const float x = logits[id];
+    return x == x ? static_cast<float>(static_cast<double>(x) - log_z)
+                  : -std::numeric_limits<float>::infinity();
+  };
+  out.logprob = logprob(out.token);
+  const size_t n = std::min<size_t>(static_cast<size_t>(params.logprobs), logits.size());
+  if (n > 0) {
+    std::vector<int32_t> ids(n);
+    const auto all = std::views::iota(int32_t{0}, static_cast<int32_t>(logits.size()));
+    std::ranges::partial_sort_copy(all, ids, [&](int32_t a, int32_t b) {
+      const float ka = logprob(a), kb = logprob(b);
+      return ka > kb || (ka == kb && a < b);
+    });
+    for (int32_t id : ids) out.top.push_back({id, logprob(id)});
+  }
+  return out;
 }
 
 }  // namespace pdserve::engine

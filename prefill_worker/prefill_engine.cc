@@ -221,6 +221,7 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
   }
 
   const size_t vocab = static_cast<size_t>(config.vocab_size);
+  std::vector<float> scratch;
   const absl::Time transfer_start = first_layer_sent.value_or(compute_end);
   for (size_t i = 0; i < batch.size(); ++i) {
     Job& job = batch[i];
@@ -238,13 +239,14 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
           absl::StrCat("KV transfer to the decode worker failed: ", send_status[i].message())));
       continue;
     }
-    const int32_t first = engine::SampleToken(
-        std::span<const float>(logits).subspan(i * vocab, vocab), job.request.sampling, 0);
+    engine::SampledToken first = engine::Sample(
+        std::span<const float>(logits).subspan(i * vocab, vocab), job.request.sampling,
+        {.prompt = job.request.prompt, .generated = {}}, config.eos_token_ids, scratch);
     auto done = std::make_shared<std::atomic<bool>>(false);
     PrefillMetrics* metrics = metrics_;
     const size_t bytes = sent_bytes[i];
     const std::string request_id = job.request.request_id;
-    job.request.kv_session->Finish(first, [metrics, done, bytes, transfer_start, compute_end,
+    job.request.kv_session->Finish(first.token, [metrics, done, bytes, transfer_start, compute_end,
                                            request_id](absl::Status s) {
       const absl::Time now = absl::Now();
       if (s.ok()) {
@@ -258,7 +260,7 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
       done->store(true);
     });
     job.ticket->Complete(PrefillOutcome{
-        .first_token = first,
+        .first_token = std::move(first),
         .queue_seconds = absl::ToDoubleSeconds(start - job.enqueued),
         .compute_seconds = seconds});
     absl::MutexLock lock(&mu_);

@@ -38,7 +38,7 @@ struct PrefillRequest {
 };
 
 struct PrefillOutcome {
-  int32_t first_token = 0;
+  engine::SampledToken first_token;
   double queue_seconds = 0;
   double compute_seconds = 0;
 };

@@ -40,7 +40,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     }
   }
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
-  result->set_first_token_id(outcome->first_token);
+  result->set_first_token_id(outcome->first_token.token);
+  if (job->sampling().logprobs() >= 0) {
+    *result->mutable_first_token_logprobs() = LogprobsToProto(outcome->first_token);
+  }
   result->set_queue_seconds(outcome->queue_seconds);
   result->set_compute_seconds(outcome->compute_seconds);
   return grpc::Status::OK;

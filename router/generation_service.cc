@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/sampling_convert.h"
 #include "router/request_validation.h"
+#include "router/stop_matcher.h"
 
 namespace pdserve::router {
 namespace {
@@ -68,6 +69,10 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
+  if (draining_.load()) {
+    metrics_->CountRejected("draining");
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is draining");
+  }
   if (in_flight_.fetch_add(1) >= options_.max_in_flight) {
     in_flight_.fetch_sub(1);
     metrics_->CountRejected("capacity");
@@ -187,72 +192,117 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
                         absl::StrCat("prefill failed: ", prefill_status.error_message()));
   }
 
-  // 3. First token: time to first token ends when it is sent.
+  // 3. Stream: the first token (time to first token ends when it is sent),
+  // then the decode worker's tokens, through incremental detokenization and
+  // the stop-string matcher.
   engine::IncrementalDetokenizer detok(*tokenizer_);
+  StopMatcher stops(req->stop_strings);
+  const bool want_logprobs = req->sampling.logprobs >= 0;
   metrics_->prompt_tokens.Increment(prompt_len);
   const double queue_seconds = absl::ToDoubleSeconds(dispatch - arrival) + prefill_result.queue_seconds();
   metrics_->queue_time.Observe(queue_seconds);
-  {
-    v1::GenerateResponse first;
-    first.set_request_id(rid);
-    first.add_token_ids(prefill_result.first_token_id());
-    first.set_text(detok.Push(prefill_result.first_token_id()));
-    if (!writer->Write(first)) {
-      CancelAndFinish(*decode_ctx, *decode_stream);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
-  }
-  const absl::Time first_token_time = absl::Now();
-  metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(first_token_time - arrival));
-  metrics_->generation_tokens.Increment();
-  int completion_tokens = 1;
-  absl::Time last_token_time = first_token_time;
+  int completion_tokens = 0;
+  absl::Time first_token_time, last_token_time;
+  std::string matched_stop;
 
-  // 4. Proxy the decode stream.
-  while (decode_stream->Read(&event)) {
-    if (event.has_tokens()) {
-      v1::GenerateResponse delta;
-      std::string text;
-      for (int32_t t : event.tokens().token_ids()) {
-        delta.add_token_ids(t);
-        text += detok.Push(t);
+  // Sends one message with `ids`; false if the client went away. Sets
+  // matched_stop (and sends only up to the matching token) on a stop string.
+  using LogprobList = google::protobuf::RepeatedPtrField<internal::v1::SampledLogprobs>;
+  auto send_tokens = [&](std::span<const int32_t> ids, const LogprobList& logprobs) {
+    v1::GenerateResponse delta;
+    delta.set_request_id(rid);
+    std::string text;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      delta.add_token_ids(ids[i]);
+      if (want_logprobs && static_cast<int>(i) < logprobs.size()) {
+        v1::TokenLogprob* lp = delta.add_logprobs();
+        lp->set_token_id(ids[i]);
+        lp->set_logprob(logprobs[i].logprob());
+        for (int k = 0; k < logprobs[i].top_ids_size() && k < logprobs[i].top_logprobs_size(); ++k) {
+          v1::TopLogprob* top = lp->add_top();
+          top->set_token_id(logprobs[i].top_ids(k));
+          top->set_logprob(logprobs[i].top_logprobs(k));
+        }
       }
-      delta.set_text(std::move(text));
-      const int n = event.tokens().token_ids_size();
-      if (!writer->Write(delta)) {
-        CancelAndFinish(*decode_ctx, *decode_stream);
-        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      StopMatcher::Result r = stops.Push(detok.Push(ids[i]));
+      text += r.text;
+      if (r.stopped) {
+        matched_stop = r.matched;
+        break;
       }
-      const absl::Time now = absl::Now();
+    }
+    delta.set_text(std::move(text));
+    const int n = delta.token_ids_size();
+    if (!writer->Write(delta)) return false;
+    const absl::Time now = absl::Now();
+    if (completion_tokens == 0) {
+      first_token_time = now;
+      metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(now - arrival));
+    } else {
       // Tokens that arrive together share one gap.
       metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(now - last_token_time));
       for (int i = 1; i < n; ++i) metrics_->inter_token_latency.Observe(0);
-      last_token_time = now;
-      completion_tokens += n;
-      metrics_->generation_tokens.Increment(n);
+    }
+    last_token_time = now;
+    completion_tokens += n;
+    metrics_->generation_tokens.Increment(n);
+    return true;
+  };
+
+  // The last message: remaining text, finish reason, usage and timings.
+  auto finish = [&](v1::FinishReason reason) {
+    const absl::Time end = absl::Now();
+    v1::GenerateResponse last;
+    last.set_request_id(rid);
+    last.set_text(matched_stop.empty() ? stops.Push(detok.Flush()).text + stops.Flush() : "");
+    last.set_finish_reason(reason);
+    last.set_matched_stop(matched_stop);
+    last.mutable_usage()->set_prompt_tokens(prompt_len);
+    last.mutable_usage()->set_completion_tokens(completion_tokens);
+    v1::Timings* timings = last.mutable_timings();
+    timings->set_queue_seconds(queue_seconds);
+    timings->set_time_to_first_token_seconds(absl::ToDoubleSeconds(first_token_time - arrival));
+    timings->set_mean_inter_token_seconds(
+        completion_tokens > 1
+            ? absl::ToDoubleSeconds(last_token_time - first_token_time) / (completion_tokens - 1)
+            : 0.0);
+    timings->set_e2e_seconds(absl::ToDoubleSeconds(end - arrival));
+    timings->set_prefill_worker(prefill_worker.id);
+    timings->set_decode_worker(decode_worker.id);
+    metrics_->e2e_latency.Observe(absl::ToDoubleSeconds(end - arrival));
+    *finish_label = matched_stop.empty() ? FinishLabel(reason) : "stop";
+    writer->Write(last);
+    return grpc::Status::OK;
+  };
+
+  const int32_t first = prefill_result.first_token_id();
+  LogprobList first_logprobs;
+  *first_logprobs.Add() = prefill_result.first_token_logprobs();
+  if (!send_tokens(std::span<const int32_t>(&first, 1), first_logprobs)) {
+    CancelAndFinish(*decode_ctx, *decode_stream);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+  if (!matched_stop.empty()) {
+    CancelAndFinish(*decode_ctx, *decode_stream);
+    return finish(v1::FINISH_REASON_STOP);
+  }
+
+  while (decode_stream->Read(&event)) {
+    if (event.has_tokens()) {
+      const auto& ids = event.tokens().token_ids();
+      const auto& lps = event.tokens().logprobs();
+      if (!send_tokens(std::span<const int32_t>(ids.data(), static_cast<size_t>(ids.size())), lps)) {
+        CancelAndFinish(*decode_ctx, *decode_stream);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+      if (!matched_stop.empty()) {
+        // The decode worker frees the request when its call is cancelled.
+        CancelAndFinish(*decode_ctx, *decode_stream);
+        return finish(v1::FINISH_REASON_STOP);
+      }
     } else if (event.has_finished()) {
-      const absl::Time end = absl::Now();
-      v1::GenerateResponse last;
-      last.set_request_id(rid);
-      last.set_text(detok.Flush());
-      last.set_finish_reason(static_cast<v1::FinishReason>(event.finished().finish_reason()));
-      last.mutable_usage()->set_prompt_tokens(prompt_len);
-      last.mutable_usage()->set_completion_tokens(completion_tokens);
-      v1::Timings* timings = last.mutable_timings();
-      timings->set_queue_seconds(queue_seconds);
-      timings->set_time_to_first_token_seconds(absl::ToDoubleSeconds(first_token_time - arrival));
-      timings->set_mean_inter_token_seconds(
-          completion_tokens > 1 ? absl::ToDoubleSeconds(last_token_time - first_token_time) /
-                                      (completion_tokens - 1)
-                                : 0.0);
-      timings->set_e2e_seconds(absl::ToDoubleSeconds(end - arrival));
-      timings->set_prefill_worker(prefill_worker.id);
-      timings->set_decode_worker(decode_worker.id);
-      metrics_->e2e_latency.Observe(absl::ToDoubleSeconds(end - arrival));
-      *finish_label = FinishLabel(event.finished().finish_reason());
-      writer->Write(last);
       decode_stream->Finish();
-      return grpc::Status::OK;
+      return finish(static_cast<v1::FinishReason>(event.finished().finish_reason()));
     }
   }
   grpc::Status s = decode_stream->Finish();

@@ -3,6 +3,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace pdserve::router {
+namespace {
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
+}  // namespace
 
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
                                                  const engine::ModelConfig& config,
@@ -48,6 +52,27 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   p.max_tokens = s.max_tokens();
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.min_tokens = s.min_tokens();
+  p.logprobs = s.has_logprobs() ? s.logprobs() : -1;
+  if (s.has_logprobs() && s.logprobs() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.logprobs must be in [0, 20], got ", s.logprobs()));
+  }
+  if (s.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " strings, got ", s.stop_size()));
+  }
+  for (const std::string& stop : s.stop()) {
+    if (stop.empty() || stop.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.stop: each string must be 1..", kMaxStopStringBytes, " bytes, got ", stop.size()));
+    }
+    out.stop_strings.push_back(stop);
+  }
   if (p.max_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.max_tokens must be >= 1, got ", p.max_tokens));

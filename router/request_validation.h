@@ -18,6 +18,7 @@ struct ValidatedRequest {
   std::string request_id;
   std::vector<int32_t> prompt;
   engine::SamplingParams sampling;  // seed resolved
+  std::vector<std::string> stop_strings;
 };
 
 // `default_seed` is used when the request carries none.

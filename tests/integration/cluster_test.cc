@@ -8,6 +8,7 @@
 #include "engine/generator.h"
 #include "engine/model_writer.h"
 #include "engine/runner_factory.h"
+#include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"
 
@@ -142,6 +143,93 @@ TEST_F(ClusterTest, SeededSamplingEqualsInProcessEngine) {
     ASSERT_TRUE(got.status.ok()) << got.status.error_message();
     EXPECT_EQ(got.tokens, expected->tokens) << "seed " << seed;
   }
+}
+
+TEST_F(ClusterTest, PenaltiesMinPAndLogprobsEqualInProcessEngine) {
+  auto runner = LocalRunner();
+  auto stub = cluster_->NewClient();
+  const std::vector<int32_t> prompt = {256, 80, 101, 110, 97, 108, 116, 121};
+  engine::SamplingParams params{.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f,
+                                .seed = 5, .max_tokens = 24, .repetition_penalty = 1.3f,
+                                .presence_penalty = 0.5f, .frequency_penalty = 0.3f,
+                                .min_tokens = 10, .logprobs = 3};
+  auto expected = engine::GenerateLocally(*runner, prompt, params);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  v1::GenerateRequest request = TokenRequest(prompt, 24);
+  auto* s = request.mutable_sampling();
+  s->set_temperature(0.8f);
+  s->set_top_k(40);
+  s->set_top_p(0.9f);
+  s->set_min_p(0.05f);
+  s->set_seed(5);
+  s->set_repetition_penalty(1.3f);
+  s->set_presence_penalty(0.5f);
+  s->set_frequency_penalty(0.3f);
+  s->set_min_tokens(10);
+  s->set_logprobs(3);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, request);
+  v1::GenerateResponse response;
+  std::vector<int32_t> tokens;
+  std::vector<v1::TokenLogprob> logprobs;
+  while (reader->Read(&response)) {
+    tokens.insert(tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, expected->tokens);
+  ASSERT_EQ(logprobs.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(logprobs[i].token_id(), tokens[i]);
+    EXPECT_FLOAT_EQ(logprobs[i].logprob(), expected->logprobs[i].logprob) << i;
+    ASSERT_EQ(logprobs[i].top_size(), 3);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(logprobs[i].top(k).token_id(), expected->logprobs[i].top[k].token);
+    }
+    EXPECT_GE(logprobs[i].top(0).logprob(), logprobs[i].top(2).logprob());
+  }
+}
+
+TEST_F(ClusterTest, StopStringIsMatchedAcrossTokensAndNotLeaked) {
+  auto runner = LocalRunner();
+  auto stub = cluster_->NewClient();
+  const std::vector<int32_t> prompt = {256, 83, 116, 111, 112};
+  engine::SamplingParams params;
+  params.max_tokens = 40;
+  params.ignore_eos = true;
+  auto expected = engine::GenerateLocally(*runner, prompt, params);
+  ASSERT_TRUE(expected.ok());
+  // The text the router will produce, and how much of it each token completes.
+  engine::ByteTokenizer tokenizer(runner->config().vocab_size);
+  engine::IncrementalDetokenizer detok(tokenizer);
+  std::string full;
+  std::vector<size_t> text_after;  // text length after each token
+  for (int32_t t : expected->tokens) {
+    full += detok.Push(t);
+    text_after.push_back(full.size());
+  }
+  ASSERT_GE(full.size(), 20u);
+  // A whole-character stop string from the middle of the continuation.
+  size_t begin = 10;
+  while (begin < full.size() && (static_cast<unsigned char>(full[begin]) & 0xC0) == 0x80) ++begin;
+  size_t end = begin + 1;
+  while (end < full.size() && (static_cast<unsigned char>(full[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = full.substr(begin, end - begin);
+  const size_t at = full.find(stop);
+  size_t expected_tokens = 0;
+  while (text_after[expected_tokens] < at + stop.size()) ++expected_tokens;
+  ++expected_tokens;
+  v1::GenerateRequest request = TokenRequest(prompt, 40);
+  request.mutable_sampling()->set_ignore_eos(true);
+  request.mutable_sampling()->add_stop(stop);
+  StreamResult got = RunGenerate(*stub, request);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.last.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(got.last.matched_stop(), stop);
+  // Tokens up to the one completing the stop string; text strictly before it.
+  EXPECT_EQ(got.tokens.size(), expected_tokens);
+  EXPECT_EQ(got.text, full.substr(0, at));
+  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
 }
 
 TEST_F(ClusterTest, TextPromptStreamsValidUtf8) {

@@ -36,6 +36,9 @@ class GenerationService final : public v1::Generation::Service {
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
 
   int in_flight() const { return in_flight_.load(); }
+  // While draining (after SIGTERM), new Generate calls get UNAVAILABLE
+  // "router is draining"; streams in flight finish.
+  void SetDraining(bool draining) { draining_.store(draining); }
 
  private:
   internal::v1::PrefillWorker::Stub& PrefillStub(const std::string& address);
@@ -51,6 +54,7 @@ class GenerationService final : public v1::Generation::Service {
   const RoutingPolicy* const policy_;
   RouterMetrics* const metrics_;
   std::atomic<int> in_flight_{0};
+  std::atomic<bool> draining_{false};
   std::atomic<uint64_t> seed_counter_;
 
   absl::Mutex stubs_mu_;

@@ -107,6 +107,7 @@ int Main() {
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
+  generation.SetDraining(true);
   SetServing(*grpc_server->server, false);
   const absl::Time deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   while (absl::Now() < deadline && generation.in_flight() > 0) absl::SleepFor(absl::Milliseconds(20));

@@ -1,0 +1,267 @@
+// PrefillEngine and DecodeEngine in one process, joined by the real TCP KV
+// transport on loopback: the disaggregated path without gRPC, including its
+// failure paths (every one must free the KV on both sides).
+#include <memory>
+
+#include "decode_worker/decode_engine.h"
+#include "engine/generator.h"
+#include "engine/model_writer.h"
+#include "engine/runner_factory.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/tcp/tcp_receiver.h"
+#include "kvtransfer/tcp/tcp_sender.h"
+#include "prefill_worker/prefill_engine.h"
+
+namespace pdserve {
+namespace {
+
+engine::ModelConfig TinyConfig() {
+  engine::ModelConfig c = engine::DefaultDemoConfig();
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+std::string WriteModel(uint64_t seed) {
+  const std::string dir = ::testing::TempDir() + "/disagg_model_" + std::to_string(seed);
+  EXPECT_TRUE(engine::WriteRandomModel(TinyConfig(), seed, "f32", dir).ok());
+  return dir;
+}
+
+std::unique_ptr<engine::ModelRunner> Runner(const std::string& dir, int blocks) {
+  auto r = engine::CreateModelRunner({.model_dir = dir, .kv_block_size = 16, .num_kv_blocks = blocks,
+                                      .num_threads = 1});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return std::move(*r);
+}
+
+// Drains a decode stream until it finishes or fails (bounded).
+struct Drained {
+  std::vector<int32_t> tokens;
+  bool finished = false;
+  absl::Status error;
+};
+Drained Drain(decode::DecodeStream& stream) {
+  Drained d;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<decode::DecodeOutput> outs;
+  while (absl::Now() < deadline) {
+    outs.clear();
+    stream.Next(absl::Milliseconds(50), &outs);
+    for (auto& o : outs) {
+      for (auto& t : o.tokens) d.tokens.push_back(t.token);
+      if (!o.error.ok()) {
+        d.error = o.error;
+        return d;
+      }
+      if (o.finished) {
+        d.finished = true;
+        return d;
+      }
+    }
+  }
+  d.error = absl::DeadlineExceededError("test: stream never ended");
+  return d;
+}
+
+class DisaggregatedEnginesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = WriteModel(3);
+    prefill_runner_ = Runner(model_, 64);
+    decode_runner_ = Runner(model_, 32);
+    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0);
+    ASSERT_TRUE(receiver.ok());
+    receiver_ = std::move(*receiver);
+    sender_ = kvtransfer::TcpKvSender::Create();
+  }
+
+  std::unique_ptr<decode::DecodeEngine> MakeDecode(absl::Duration kv_timeout = absl::Seconds(10)) {
+    return std::make_unique<decode::DecodeEngine>(
+        decode::DecodeEngineOptions{.max_running = 8, .kv_timeout = kv_timeout}, decode_runner_.get(),
+        receiver_.get(), &decode_metrics_);
+  }
+  std::unique_ptr<prefill::PrefillEngine> MakePrefill(engine::ModelRunner* runner) {
+    return std::make_unique<prefill::PrefillEngine>(prefill::PrefillEngineOptions{}, runner,
+                                                    &prefill_metrics_);
+  }
+  // Opens a session from `prefill` to the reservation of `stream`.
+  std::unique_ptr<kvtransfer::SendSession> Session(prefill::PrefillEngine& prefill, int tokens,
+                                                   const decode::DecodeStream& stream) {
+    auto s = sender_->Open(receiver_->endpoint(), stream.transfer_id(), prefill.SpecFor(tokens));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  static absl::StatusOr<prefill::PrefillOutcome> Await(prefill::PrefillTicket& ticket) {
+    absl::StatusOr<prefill::PrefillOutcome> out = absl::DeadlineExceededError("test: no outcome");
+    ticket.Wait(absl::Seconds(20), &out);
+    return out;
+  }
+  // Waits until the decode engine holds nothing.
+  static bool DecodeEmpty(decode::DecodeEngine& d) {
+    for (int i = 0; i < 400; ++i) {
+      decode::DecodeLoad l = d.load();
+      if (l.running == 0 && l.waiting_kv == 0 && l.free_blocks == l.total_blocks) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  std::string model_;
+  std::unique_ptr<engine::ModelRunner> prefill_runner_;
+  std::unique_ptr<engine::ModelRunner> decode_runner_;
+  std::unique_ptr<kvtransfer::KvReceiver> receiver_;
+  std::unique_ptr<kvtransfer::KvSender> sender_;
+  prometheus::Registry registry_;
+  decode::DecodeMetrics decode_metrics_{registry_};
+  prometheus::Registry prefill_registry_;
+  prefill::PrefillMetrics prefill_metrics_{prefill_registry_};
+};
+
+TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
+  auto decode = MakeDecode();
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt = {256, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
+  engine::SamplingParams params{.temperature = 0.7f, .seed = 9, .max_tokens = 20, .ignore_eos = true};
+  auto expected = engine::GenerateLocally(*Runner(model_, 16), prompt, params);
+  ASSERT_TRUE(expected.ok());
+
+  auto stream = decode->Admit({.request_id = "r", .prompt = prompt, .sampling = params});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto ticket = prefill->Submit({.request_id = "r", .prompt = prompt, .sampling = params,
+                                 .kv_session = Session(*prefill, prompt.size(), **stream)});
+  ASSERT_TRUE(ticket.ok());
+  auto outcome = Await(**ticket);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  Drained d = Drain(**stream);
+  ASSERT_TRUE(d.error.ok()) << d.error;
+  ASSERT_TRUE(d.finished);
+  std::vector<int32_t> all = {outcome->first_token.token};
+  all.insert(all.end(), d.tokens.begin(), d.tokens.end());
+  EXPECT_EQ(all, expected->tokens);
+  EXPECT_TRUE(DecodeEmpty(*decode));
+  EXPECT_EQ(prefill_metrics_.kv_cache_usage.Value(), 0);
+}
+
+TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides) {
+  auto decode = MakeDecode();
+  auto other_runner = Runner(WriteModel(4), 64);  // other weights: other fingerprint
+  auto prefill = MakePrefill(other_runner.get());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  engine::SamplingParams params{.max_tokens = 8};
+  auto stream = decode->Admit({.prompt = prompt, .sampling = params});
+  ASSERT_TRUE(stream.ok());
+  auto session = sender_->Open(receiver_->endpoint(), (*stream)->transfer_id(),
+                               prefill->SpecFor(prompt.size()));
+  if (session.ok()) {  // the refusal may come with the handshake or later
+    auto ticket = prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
+    ASSERT_TRUE(ticket.ok());
+    Await(**ticket);
+  }
+  Drained d = Drain(**stream);
+  EXPECT_FALSE(d.error.ok());
+  EXPECT_NE(d.error.message().find("fingerprint"), absl::string_view::npos) << d.error;
+  EXPECT_TRUE(DecodeEmpty(*decode));
+  for (int i = 0; i < 200 && prefill_metrics_.kv_transfer_failures.Value() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(prefill_metrics_.kv_transfer_failures.Value(), 1);
+  EXPECT_EQ(prefill_metrics_.kv_cache_usage.Value(), 0);
+}
+
+TEST_F(DisaggregatedEnginesTest, KvThatNeverArrivesTimesOut) {
+  auto decode = MakeDecode(absl::Milliseconds(100));
+  auto stream = decode->Admit({.prompt = {1, 2, 3}, .sampling = {.max_tokens = 4}});
+  ASSERT_TRUE(stream.ok());
+  Drained d = Drain(**stream);
+  EXPECT_EQ(d.error.code(), absl::StatusCode::kDeadlineExceeded) << d.error;
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+TEST_F(DisaggregatedEnginesTest, CancelWhileWaitingOrRunningFreesBlocks) {
+  auto decode = MakeDecode();
+  auto waiting = decode->Admit({.prompt = {1, 2, 3}, .sampling = {.max_tokens = 4}});
+  ASSERT_TRUE(waiting.ok());
+  EXPECT_EQ(decode->load().waiting_kv, 1);
+  decode->Cancel(**waiting);
+  EXPECT_TRUE(DecodeEmpty(*decode));
+
+  // A long request, cancelled while it runs.
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  engine::SamplingParams params{.max_tokens = 200, .ignore_eos = true};
+  auto running = decode->Admit({.prompt = prompt, .sampling = params});
+  ASSERT_TRUE(running.ok());
+  auto ticket = prefill->Submit({.prompt = prompt, .sampling = params,
+                                 .kv_session = Session(*prefill, prompt.size(), **running)});
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(Await(**ticket).ok());
+  std::vector<decode::DecodeOutput> outs;
+  for (int i = 0; i < 400 && outs.empty(); ++i) (*running)->Next(absl::Milliseconds(10), &outs);
+  ASSERT_FALSE(outs.empty()) << "no token before cancelling";
+  decode->Cancel(**running);
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+TEST_F(DisaggregatedEnginesTest, AdmissionChecksInputAndCapacity) {
+  auto decode = MakeDecode();
+  EXPECT_EQ(decode->Admit({.prompt = {}, .sampling = {.max_tokens = 4}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode->Admit({.prompt = {1, 100000}, .sampling = {.max_tokens = 4}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode->Admit({.prompt = {1}, .sampling = {.max_tokens = 300}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // past the context
+  // 32 blocks of 16 = 512 slots; two requests of 250 fit, a third does not.
+  std::vector<std::shared_ptr<decode::DecodeStream>> held;
+  for (int i = 0; i < 2; ++i) {
+    auto s = decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}});
+    ASSERT_TRUE(s.ok()) << s.status();
+    held.push_back(*s);
+  }
+  EXPECT_EQ(decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  for (auto& s : held) decode->Cancel(*s);
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+TEST_F(DisaggregatedEnginesTest, CancelledPrefillAbortsTheTransfer) {
+  auto decode = MakeDecode();
+  // A prefill engine whose loop is busy: queue many prompts, cancel the last.
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt(64, 9);
+  engine::SamplingParams params{.max_tokens = 4};
+  std::vector<std::shared_ptr<decode::DecodeStream>> streams;
+  std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
+  for (int i = 0; i < 6; ++i) {
+    auto s = decode->Admit({.prompt = prompt, .sampling = params});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto t = prefill->Submit({.prompt = prompt, .sampling = params,
+                              .kv_session = Session(*prefill, prompt.size(), **s)});
+    ASSERT_TRUE(t.ok());
+    streams.push_back(*s);
+    tickets.push_back(*t);
+  }
+  prefill->Cancel(tickets.back());
+  auto last = Await(*tickets.back());
+  // Either it was still queued (CANCELLED) or it had already run.
+  if (!last.ok()) {
+    EXPECT_EQ(last.status().code(), absl::StatusCode::kCancelled);
+    Drained d = Drain(*streams.back());
+    EXPECT_FALSE(d.error.ok());
+  }
+  for (size_t i = 0; i + 1 < streams.size(); ++i) {
+    ASSERT_TRUE(Await(*tickets[i]).ok());
+    EXPECT_TRUE(Drain(*streams[i]).finished);
+  }
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+}  // namespace
+}  // namespace pdserve

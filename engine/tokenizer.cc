@@ -49,8 +49,19 @@ std::string ByteTokenizer::TokenBytes(int32_t token) const {
   return std::string(1, static_cast<char>(token));
 }
 
+std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  IncrementalDetokenizer detok(*this, skip_special_tokens);
+  std::string out;
+  for (int32_t id : ids) out += detok.Push(id);
+  out += detok.Flush();
+  return out;
+}
+
 std::string IncrementalDetokenizer::Push(int32_t token) {
-  pending_ += tokenizer_.TokenBytes(token);
+  std::string bytes = tokenizer_.TokenBytes(token);
+  if (bytes.empty() && !skip_special_tokens_) bytes = tokenizer_.SpecialTokenText(token);
+  if (bytes.empty()) return "";
+  pending_ += bytes;
   std::string out;
   const size_t n = pending_.size();
   size_t i = 0;

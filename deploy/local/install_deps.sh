@@ -8,6 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # Tokenizers: PCRE2 (split regexes) and ICU (NFC normalization).
+  libpcre2-dev libicu-dev
 )
 
 missing=()

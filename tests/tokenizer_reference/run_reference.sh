@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# ctest driver for the tokenizer reference check (compare.mjs): installs the
+# pinned npm packages (package-lock.json) into the build dir with `npm ci`,
+# using an npm cache there too so later runs work offline, then compares
+# pdserve_tokenize with the JS reference.
+#   run_reference.sh <pdserve_tokenize> <this source dir> <build dir>
+# Exit 77 (ctest SKIP) only when node or npm is not installed.
+set -euo pipefail
+cli=$1
+src=$2
+build=$3
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "SKIP: node and npm are needed for the tokenizer reference check"
+  exit 77
+fi
+
+work="$build/npm"
+mkdir -p "$work"
+cp "$src/package.json" "$src/package-lock.json" "$src/compare.mjs" "$work/"
+stamp="$work/node_modules/.pdserve-lock"
+# npm ci wipes node_modules; skip it while the installed tree matches the lock.
+if ! cmp -s "$src/package-lock.json" "$stamp"; then
+  (cd "$work" && npm ci --no-audit --no-fund --prefer-offline --cache "$build/npm-cache") || {
+    echo "npm ci failed: the npm registry (or a warm cache in $build/npm-cache) is needed once"
+    exit 1
+  }
+  cp "$src/package-lock.json" "$stamp"
+fi
+cd "$work"
+exec node compare.mjs "$cli" "$work/models"

@@ -18,6 +18,7 @@
 #include "common/process.h"
 #include "engine/config.h"
 #include "engine/tokenizer.h"
+#include "engine/tokenizer_loader.h"
 #include "router/generation_service.h"
 #include "router/registry_service.h"
 #include "router/router_metrics.h"
@@ -53,11 +54,13 @@ int Main() {
     PDSERVE_LOG(ERROR) << config.status();
     return 1;
   }
-  if (config->vocab_size < 256) {
-    PDSERVE_LOG(ERROR) << "the byte-level tokenizer needs vocab_size >= 256";
+  // tokenizer.json when the model ships one, else the byte-level tokenizer.
+  auto loaded_tokenizer = engine::LoadTokenizer(absl::GetFlag(FLAGS_model_dir));
+  if (!loaded_tokenizer.ok()) {
+    PDSERVE_LOG(ERROR) << loaded_tokenizer.status();
     return 1;
   }
-  engine::ByteTokenizer tokenizer(config->vocab_size);
+  const engine::Tokenizer& tokenizer = **loaded_tokenizer;
   auto policy = router::CreateRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
   if (!policy.ok()) {
     PDSERVE_LOG(ERROR) << policy.status();

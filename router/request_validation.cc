@@ -33,6 +33,8 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
         out.prompt.push_back(t);
       }
       break;
+    case v1::GenerateRequest::kChat:
+      return absl::InvalidArgumentError("chat: chat requests are not served yet; send text or token_ids");
     case v1::GenerateRequest::INPUT_NOT_SET:
       return absl::InvalidArgumentError("input: set text or token_ids");
   }

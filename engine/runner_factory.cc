@@ -1,5 +1,6 @@
-// CreateModelRunner: reads config.json and model.safetensors from a model
-// directory and builds the runner of the requested backend.
+// CreateModelRunner: reads a Hugging Face model directory (config.json,
+// generation_config.json when present, model.safetensors or a sharded
+// index) and builds the runner of the requested backend.
 #include "engine/runner_factory.h"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
                      "), num_kv_blocks and kv_cache_bytes >= 0 (got ", options.num_kv_blocks, ", ",
                      options.kv_cache_bytes, ")"));
   }
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(options.model_dir + "/config.json");
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(options.model_dir);
   if (!config.ok()) return config.status();
   absl::StatusOr<ModelWeights> weights = LoadModelWeights(*config, options.model_dir);
   if (!weights.ok()) return weights.status();

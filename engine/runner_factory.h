@@ -11,7 +11,7 @@
 namespace pdserve::engine {
 
 struct RunnerOptions {
-  std::string model_dir;        // config.json + model.safetensors
+  std::string model_dir;        // config.json + model.safetensors (or shards + index)
   std::string backend = "cpu";  // "cpu" (and "cuda" in CUDA builds)
   int kv_block_size = 16;       // tokens per KV block
   // KV blocks to allocate; 0 derives it from kv_cache_bytes.

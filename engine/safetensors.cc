@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -364,6 +365,129 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(
   }
   std::vector<float> out(static_cast<size_t>(info->num_elements));
   if (absl::Status s = ReadF32Into(*info, out); !s.ok()) return s;
+  return out;
+}
+
+// ---- checkpoints (single file or sharded) ----
+
+namespace {
+
+constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
+constexpr size_t kMaxShards = 100000;
+
+// A shard name from an index: a plain file name, so a hostile index cannot
+// reach outside the model directory.
+bool IsPlainFileName(std::string_view name) {
+  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+         name.find('/') == std::string_view::npos && name.find('\\') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
+}
+
+}  // namespace
+
+std::unique_ptr<SafetensorsCheckpoint> SafetensorsCheckpoint::FromFile(
+    std::unique_ptr<SafetensorsFile> file) {
+  std::unique_ptr<SafetensorsCheckpoint> c(new SafetensorsCheckpoint());
+  c->path_ = file->path();
+  c->files_.push_back(std::move(file));
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Open(
+    const std::string& model_dir) {
+  const std::string single = model_dir + "/model.safetensors";
+  const std::string index_path = model_dir + "/model.safetensors.index.json";
+  struct stat st;
+  if (::stat(single.c_str(), &st) == 0 || ::stat(index_path.c_str(), &st) != 0) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(single);
+    if (!file.ok()) {
+      if (file.status().code() != absl::StatusCode::kNotFound) return file.status();
+      return absl::NotFoundError(absl::StrCat(model_dir,
+                                              ": neither model.safetensors nor "
+                                              "model.safetensors.index.json can be opened"));
+    }
+    return FromFile(*std::move(file));
+  }
+
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", parts...));
+  };
+  if (!S_ISREG(st.st_mode)) return bad("not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > kMaxIndexBytes) {
+    return bad("index of ", st.st_size, " bytes exceeds the 64 MiB limit");
+  }
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", index_path));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (JsonDepth(text) > kMaxJsonDepth) return bad("JSON nests too deeply");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  auto map_it = j.find("weight_map");
+  if (map_it == j.end() || !map_it->is_object() || map_it->empty()) {
+    return bad("missing or empty \"weight_map\" object");
+  }
+
+  std::unique_ptr<SafetensorsCheckpoint> c(new SafetensorsCheckpoint());
+  c->path_ = model_dir;
+  std::map<std::string, size_t> shard_index;  // shard file name -> files_ index
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!shard.is_string()) return bad("tensor \"", Printable(name), "\": shard is not a string");
+    const std::string& shard_name = shard.get_ref<const std::string&>();
+    if (!IsPlainFileName(shard_name)) {
+      return bad("tensor \"", Printable(name), "\": shard \"", Printable(shard_name),
+                 "\" is not a plain file name in the model directory");
+    }
+    auto [it, inserted] = shard_index.emplace(shard_name, c->files_.size());
+    if (inserted) {
+      if (c->files_.size() >= kMaxShards) return bad("more than ", kMaxShards, " shards");
+      const std::string shard_path = model_dir + "/" + shard_name;
+      absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
+      if (!file.ok()) {
+        if (file.status().code() == absl::StatusCode::kNotFound) {
+          return bad("shard \"", Printable(shard_name), "\" (of tensor \"", Printable(name),
+                     "\") does not exist");
+        }
+        return file.status();
+      }
+      c->files_.push_back(*std::move(file));
+    }
+    if (c->files_[it->second]->Find(name) == nullptr) {
+      return bad("tensor \"", Printable(name), "\" is mapped to shard \"", Printable(shard_name),
+                 "\", which does not contain it");
+    }
+    c->weight_map_.emplace(name, it->second);
+  }
+  return c;
+}
+
+const TensorInfo* SafetensorsCheckpoint::Find(std::string_view name,
+                                              const SafetensorsFile** file) const {
+  const SafetensorsFile* f = nullptr;
+  if (weight_map_.empty()) {
+    f = files_.empty() ? nullptr : files_[0].get();
+  } else if (auto it = weight_map_.find(std::string(name)); it != weight_map_.end()) {
+    f = files_[it->second].get();
+  }
+  const TensorInfo* info = f == nullptr ? nullptr : f->Find(name);
+  if (file != nullptr) *file = info == nullptr ? nullptr : f;
+  return info;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsCheckpoint::ReadF32(
+    std::string_view name, std::span<const int64_t> expected_shape) const {
+  const SafetensorsFile* file = nullptr;
+  if (Find(name, &file) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path_, ": missing tensor \"", Printable(name), "\""));
+  }
+  return file->ReadF32(name, expected_shape);
+}
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  if (weight_map_.empty()) return files_.empty() ? std::vector<std::string>{} : files_[0]->names();
+  std::vector<std::string> out;
+  out.reserve(weight_map_.size());
+  for (const auto& [name, index] : weight_map_) out.push_back(name);
+  std::sort(out.begin(), out.end());
   return out;
 }
 

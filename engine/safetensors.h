@@ -93,6 +93,40 @@ class SafetensorsFile {
   std::unordered_map<std::string, size_t> index_;
 };
 
+// A Hugging Face checkpoint directory: either one `model.safetensors`, or
+// `model.safetensors.index.json` plus the shards it names:
+//   {"metadata": {...}, "weight_map": {"<tensor name>": "<shard file>", ...}}
+// Shard names must be plain file names inside the directory. Open validates
+// the whole index up front: every referenced shard must exist and parse, and
+// every tensor must be in the shard the map names; violations are
+// INVALID_ARGUMENT naming the tensor and shard. As in transformers,
+// model.safetensors wins when both are present.
+class SafetensorsCheckpoint {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> Open(const std::string& model_dir);
+  // A checkpoint of one already-open file (tests, tools).
+  static std::unique_ptr<SafetensorsCheckpoint> FromFile(std::unique_ptr<SafetensorsFile> file);
+
+  // Where tensor `name` lives, or nullptr. `file` (optional) gets its file.
+  const TensorInfo* Find(std::string_view name, const SafetensorsFile** file = nullptr) const;
+  // As SafetensorsFile::ReadF32; NOT_FOUND names the checkpoint.
+  absl::StatusOr<std::vector<float>> ReadF32(std::string_view name,
+                                             std::span<const int64_t> expected_shape) const;
+  // Every tensor name (mapped names for a sharded checkpoint), sorted.
+  std::vector<std::string> names() const;
+  size_t num_files() const { return files_.size(); }
+  // The directory or file the checkpoint was opened from, for messages.
+  const std::string& path() const { return path_; }
+
+ private:
+  SafetensorsCheckpoint() = default;
+
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  // Tensor name -> index into files_. Empty for a single-file checkpoint.
+  std::unordered_map<std::string, size_t> weight_map_;
+};
+
 // A tensor to write: `data` holds prod(shape) floats, row-major.
 struct TensorToWrite {
   std::string name;

@@ -1,28 +1,50 @@
-// Loading Llama weights by Hugging Face name, and the model fingerprint.
+// Loading decoder weights by Hugging Face name, and the model fingerprint.
 #include "engine/weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace pdserve::engine {
 namespace {
 
-// Points at each tensor of `w` in LlamaWeightSpecs order. W is ModelWeights
-// or const ModelWeights.
-template <typename W>
-auto Destinations(const ModelConfig& config, W& w) {
-  std::vector<decltype(&w.embed_tokens)> out = {&w.embed_tokens};
-  for (auto& l : w.layers) {
-    for (auto* v : {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.post_norm,
-                    &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      out.push_back(v);
+// Calls fn(name, shape, tensor) for every tensor `c` needs, in
+// ModelWeightSpecs order. W is ModelWeights or const ModelWeights; `w.layers`
+// must already hold c.num_layers entries. The one place the table lives.
+template <typename W, typename Fn>
+void ForEachTensor(const ModelConfig& c, W& w, Fn&& fn) {
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  const int64_t d = c.head_dim;
+  fn(std::string("model.embed_tokens.weight"), std::vector<int64_t>{c.vocab_size, h},
+     w.embed_tokens);
+  for (int i = 0; i < c.num_layers; ++i) {
+    auto& l = w.layers[static_cast<size_t>(i)];
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    fn(p + "input_layernorm.weight", std::vector<int64_t>{h}, l.input_norm);
+    fn(p + "self_attn.q_proj.weight", std::vector<int64_t>{q, h}, l.q_proj);
+    if (c.qkv_bias) fn(p + "self_attn.q_proj.bias", std::vector<int64_t>{q}, l.q_bias);
+    fn(p + "self_attn.k_proj.weight", std::vector<int64_t>{kv, h}, l.k_proj);
+    if (c.qkv_bias) fn(p + "self_attn.k_proj.bias", std::vector<int64_t>{kv}, l.k_bias);
+    fn(p + "self_attn.v_proj.weight", std::vector<int64_t>{kv, h}, l.v_proj);
+    if (c.qkv_bias) fn(p + "self_attn.v_proj.bias", std::vector<int64_t>{kv}, l.v_bias);
+    fn(p + "self_attn.o_proj.weight", std::vector<int64_t>{h, q}, l.o_proj);
+    if (c.o_bias) fn(p + "self_attn.o_proj.bias", std::vector<int64_t>{h}, l.o_bias);
+    if (c.qk_norm) {
+      fn(p + "self_attn.q_norm.weight", std::vector<int64_t>{d}, l.q_norm);
+      fn(p + "self_attn.k_norm.weight", std::vector<int64_t>{d}, l.k_norm);
     }
+    fn(p + "post_attention_layernorm.weight", std::vector<int64_t>{h}, l.post_norm);
+    fn(p + "mlp.gate_proj.weight", std::vector<int64_t>{inter, h}, l.gate_proj);
+    fn(p + "mlp.up_proj.weight", std::vector<int64_t>{inter, h}, l.up_proj);
+    fn(p + "mlp.down_proj.weight", std::vector<int64_t>{h, inter}, l.down_proj);
   }
-  out.push_back(&w.final_norm);
-  if (!config.tie_word_embeddings) out.push_back(&w.lm_head);
-  return out;
+  fn(std::string("model.norm.weight"), std::vector<int64_t>{h}, w.final_norm);
+  if (!c.tie_word_embeddings) {
+    fn(std::string("lm_head.weight"), std::vector<int64_t>{c.vocab_size, h}, w.lm_head);
+  }
 }
 
 class Fnv1a {
@@ -48,48 +70,43 @@ class Fnv1a {
 
 }  // namespace
 
-std::vector<WeightSpec> LlamaWeightSpecs(const ModelConfig& c) {
-  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+std::vector<WeightSpec> ModelWeightSpecs(const ModelConfig& c) {
   std::vector<WeightSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = absl::StrCat("model.layers.", i, ".");
-    specs.push_back({p + "input_layernorm.weight", {h}});
-    specs.push_back({p + "self_attn.q_proj.weight", {q, h}});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv, h}});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv, h}});
-    specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    specs.push_back({p + "post_attention_layernorm.weight", {h}});
-    specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
-    specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
-    specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
-  }
-  specs.push_back({"model.norm.weight", {h}});
-  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
+  ModelWeights unused;
+  unused.layers.resize(static_cast<size_t>(std::max(c.num_layers, 0)));
+  ForEachTensor(c, unused, [&](std::string name, std::vector<int64_t> shape, std::vector<float>&) {
+    specs.push_back({std::move(name), std::move(shape)});
+  });
   return specs;
 }
 
-absl::StatusOr<ModelWeights> LoadLlamaWeights(const ModelConfig& config,
-                                              const SafetensorsFile& file) {
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
+                                         const SafetensorsCheckpoint& checkpoint) {
   ModelWeights w;
   w.layers.resize(static_cast<size_t>(config.num_layers));
-  const std::vector<WeightSpec> specs = LlamaWeightSpecs(config);
-  const auto dest = Destinations(config, w);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    absl::StatusOr<std::vector<float>> t = file.ReadF32(specs[i].name, specs[i].shape);
-    if (!t.ok()) return t.status();
-    *dest[i] = *std::move(t);
-  }
+  absl::Status status;
+  ForEachTensor(
+      config, w,
+      [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& dest) {
+        if (!status.ok()) return;
+        absl::StatusOr<std::vector<float>> t = checkpoint.ReadF32(name, shape);
+        if (!t.ok()) {
+          status = t.status();
+          return;
+        }
+        dest = *std::move(t);
+      });
+  if (!status.ok()) return status;
   w.fingerprint = ComputeFingerprint(config, w);
   return w;
 }
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const ModelConfig& config,
                                               const std::string& model_dir) {
-  const std::string path = absl::StrCat(model_dir, "/model.safetensors");
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
-  if (!file.ok()) return file.status();
-  return LoadLlamaWeights(config, **file);
+  absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> checkpoint =
+      SafetensorsCheckpoint::Open(model_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return LoadWeights(config, **checkpoint);
 }
 
 uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
@@ -102,21 +119,33 @@ uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
   h.Float(c.rms_norm_eps);
   h.Float(c.rope_theta);
   h.Int(c.tie_word_embeddings ? 1 : 0);
-
-  const std::vector<WeightSpec> specs = LlamaWeightSpecs(c);
-  const auto tensors = Destinations(c, weights);  // same order as specs
-  constexpr size_t kEdge = 64, kStride = 257;
-  for (size_t i = 0; i < specs.size() && i < tensors.size(); ++i) {
-    h.String(specs[i].name);
-    for (int64_t d : specs[i].shape) h.Int(d);
-    const std::vector<float>& t = *tensors[i];
-    h.Int(static_cast<int64_t>(t.size()));
-    for (size_t j = 0; j < t.size() && j < kEdge; ++j) h.Float(t[j]);
-    for (size_t j = kEdge; j + kEdge < t.size(); j += kStride) h.Float(t[j]);
-    for (size_t j = t.size() > kEdge ? t.size() - kEdge : t.size(); j < t.size(); ++j) {
-      h.Float(t[j]);
-    }
+  h.Int((c.qkv_bias ? 1 : 0) | (c.o_bias ? 2 : 0) | (c.qk_norm ? 4 : 0));
+  h.Int(c.sliding_window);
+  h.Int(static_cast<int64_t>(c.rope_scaling.type));
+  if (c.rope_scaling.type != RopeScaling::Type::kNone) {
+    h.Float(c.rope_scaling.factor);
+    h.Float(c.rope_scaling.low_freq_factor);
+    h.Float(c.rope_scaling.high_freq_factor);
+    h.Int(c.rope_scaling.original_max_position_embeddings);
   }
+
+  if (weights.layers.size() != static_cast<size_t>(c.num_layers)) {
+    h.Int(-1);  // does not fit the config: no tensor walk
+    return h.value();
+  }
+  constexpr size_t kEdge = 64, kStride = 257;
+  ForEachTensor(
+      c, weights,
+      [&](const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& t) {
+        h.String(name);
+        for (int64_t d : shape) h.Int(d);
+        h.Int(static_cast<int64_t>(t.size()));
+        for (size_t j = 0; j < t.size() && j < kEdge; ++j) h.Float(t[j]);
+        for (size_t j = kEdge; j + kEdge < t.size(); j += kStride) h.Float(t[j]);
+        for (size_t j = t.size() > kEdge ? t.size() - kEdge : t.size(); j < t.size(); ++j) {
+          h.Float(t[j]);
+        }
+      });
   return h.value();
 }
 

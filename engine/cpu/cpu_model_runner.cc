@@ -67,6 +67,14 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         l.down_proj.size() != static_cast<size_t>(h * inter)) {
       return wrong("layer tensor sizes");
     }
+    const size_t qb = config.qkv_bias ? static_cast<size_t>(q) : 0;
+    const size_t kvb = config.qkv_bias ? static_cast<size_t>(kv) : 0;
+    if (l.q_bias.size() != qb || l.k_bias.size() != kvb || l.v_bias.size() != kvb) {
+      return wrong("q/k/v biases");
+    }
+    if (l.o_bias.size() != (config.o_bias ? static_cast<size_t>(h) : 0)) return wrong("o bias");
+    const size_t norm = config.qk_norm ? static_cast<size_t>(config.head_dim) : 0;
+    if (l.q_norm.size() != norm || l.k_norm.size() != norm) return wrong("q/k norms");
   }
   const int64_t slots = int64_t{options.num_kv_blocks} * options.kv_block_size;
   if (slots > std::numeric_limits<int32_t>::max() ||
@@ -80,6 +88,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   r->fingerprint_ = weights.fingerprint;
   r->embed_ = std::move(weights.embed_tokens);
   r->final_norm_ = std::move(weights.final_norm);
+  r->inv_freq_ = config.RopeInverseFrequencies();
   r->lm_head_ = std::move(weights.lm_head);
   r->layers_.reserve(weights.layers.size());
   for (LayerWeights& l : weights.layers) {
@@ -87,7 +96,14 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     layer.input_norm = std::move(l.input_norm);
     std::vector<float> qk = Concat(l.q_proj, l.k_proj);
     layer.wqkv = Concat(qk, l.v_proj);
+    if (config.qkv_bias) {
+      std::vector<float> qk_bias = Concat(l.q_bias, l.k_bias);
+      layer.bqkv = Concat(qk_bias, l.v_bias);
+    }
+    layer.q_norm = std::move(l.q_norm);
+    layer.k_norm = std::move(l.k_norm);
     layer.wo = std::move(l.o_proj);
+    layer.bo = std::move(l.o_bias);
     layer.post_norm = std::move(l.post_norm);
     layer.wgu = Concat(l.gate_proj, l.up_proj);
     layer.wdown = std::move(l.down_proj);
@@ -164,10 +180,17 @@ void CpuModelRunner::AttentionInput(int layer, int m, std::span<const int32_t> p
                     num_threads_);
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 1)
   for (int r = 0; r < m; ++r) {
+    float* row = &scratch_.qkv[int64_t{r} * stride];
+    if (!w.bqkv.empty()) cpu::AddInPlace(row, w.bqkv.data(), stride, 1);
+    if (!w.q_norm.empty()) {
+      // Qwen3: RMSNorm over each head's head_dim values, before RoPE.
+      cpu::RmsNorm(row, w.q_norm.data(), row, config_.num_heads, hd, config_.rms_norm_eps, 1);
+      cpu::RmsNorm(row + q, w.k_norm.data(), row + q, config_.num_kv_heads, hd,
+                   config_.rms_norm_eps, 1);
+    }
     float* cos = &scratch_.cos[int64_t{r} * half];
     float* sin = &scratch_.sin[int64_t{r} * half];
-    cpu::RopeCosSin(positions[r], hd, config_.rope_theta, cos, sin);
-    float* row = &scratch_.qkv[int64_t{r} * stride];
+    cpu::RopeCosSin(positions[r], inv_freq_.data(), half, cos, sin);
     cpu::ApplyRope(row, config_.num_heads, hd, cos, sin);
     cpu::ApplyRope(row + q, config_.num_kv_heads, hd, cos, sin);
   }
@@ -187,6 +210,7 @@ void CpuModelRunner::AttentionOutputAndMlp(int layer, int m) {
   cpu::MatMulTransB(scratch_.attn.data(), w.wo.data(), scratch_.proj.data(), m, h, config_.q_size(),
                     num_threads_);
   cpu::AddInPlace(scratch_.x.data(), scratch_.proj.data(), mh, num_threads_);
+  if (!w.bo.empty()) cpu::AddBias(scratch_.x.data(), w.bo.data(), m, h, num_threads_);
   cpu::RmsNorm(scratch_.x.data(), w.post_norm.data(), scratch_.xn.data(), m, h,
                config_.rms_norm_eps, num_threads_);
   cpu::MatMulTransB(scratch_.xn.data(), w.wgu.data(), scratch_.gu.data(), m, 2 * inter, h,
@@ -287,18 +311,20 @@ absl::Status CpuModelRunner::Prefill(std::span<const PrefillSequence> seqs,
 #pragma omp for schedule(dynamic, 8)
       for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
         const int r = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
-        const int start = seq_start[row_seq[r]], len = positions[r] + 1;
+        // Keys first..positions[r] of the row's own sequence.
+        const int start = seq_start[row_seq[r]], first = FirstVisible(positions[r]);
+        const int len = positions[r] + 1 - first;
         const float* qv = &scratch_.qkv[int64_t{r} * stride + int64_t{head} * hd];
         const int64_t k_col = q + int64_t{head / group} * hd, v_col = k_col + kv;
+        const float* k0 = &scratch_.qkv[int64_t{start + first} * stride + k_col];
+        const float* v0 = &scratch_.qkv[int64_t{start + first} * stride + v_col];
         for (int j = 0; j < len; ++j) {
-          scores[j] = cpu::Dot(qv, &scratch_.qkv[int64_t{start + j} * stride + k_col], hd) * scale;
+          scores[j] = cpu::Dot(qv, k0 + int64_t{j} * stride, hd) * scale;
         }
         cpu::Softmax(scores.data(), len);
         float* out = &scratch_.attn[int64_t{r} * q + int64_t{head} * hd];
         std::fill(out, out + hd, 0.0f);
-        for (int j = 0; j < len; ++j) {
-          cpu::Axpy(scores[j], &scratch_.qkv[int64_t{start + j} * stride + v_col], out, hd);
-        }
+        for (int j = 0; j < len; ++j) cpu::Axpy(scores[j], v0 + int64_t{j} * stride, out, hd);
       }
     }
     AttentionOutputAndMlp(layer, m);
@@ -347,7 +373,7 @@ absl::Status CpuModelRunner::Decode(std::span<const DecodeSequence> seqs,
     const float* k_cache = k_cache_[layer].data();
     const float* v_cache = v_cache_[layer].data();
 
-    // Each (sequence, head) attends over cache slots 0..position.
+    // Each (sequence, head) attends over cache slots FirstVisible..position.
 #pragma omp parallel num_threads(num_threads_) if (int64_t{m} * heads * max_len * hd > (1 << 16))
     {
       std::vector<float> scores(static_cast<size_t>(max_len));
@@ -355,18 +381,18 @@ absl::Status CpuModelRunner::Decode(std::span<const DecodeSequence> seqs,
       for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
         const int b = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
         const std::span<const int32_t> table = seqs[b].block_table;
-        const int len = positions[b] + 1;
+        const int first = FirstVisible(positions[b]), len = positions[b] + 1 - first;
         const int64_t kv_col = int64_t{head / group} * hd;
         const float* qv =
             &scratch_.qkv[int64_t{b} * (q + 2 * config_.kv_size()) + int64_t{head} * hd];
         for (int j = 0; j < len; ++j) {
-          scores[j] = cpu::Dot(qv, k_cache + SlotOffset(table, j) + kv_col, hd) * scale;
+          scores[j] = cpu::Dot(qv, k_cache + SlotOffset(table, first + j) + kv_col, hd) * scale;
         }
         cpu::Softmax(scores.data(), len);
         float* out = &scratch_.attn[int64_t{b} * q + int64_t{head} * hd];
         std::fill(out, out + hd, 0.0f);
         for (int j = 0; j < len; ++j) {
-          cpu::Axpy(scores[j], v_cache + SlotOffset(table, j) + kv_col, out, hd);
+          cpu::Axpy(scores[j], v_cache + SlotOffset(table, first + j) + kv_col, out, hd);
         }
       }
     }

@@ -1,19 +1,25 @@
-// The reference ModelRunner: a Llama decoder in fp32 on the CPU.
+// The reference ModelRunner: a Llama-family decoder (Llama, Mistral, Qwen2,
+// Qwen3; see engine/config.h) in fp32 on the CPU.
 //
 // Forward pass per layer, for M rows (prefill: every prompt token of the
 // batch concatenated; decode: one token per sequence):
 //   xn  = RMSNorm(x) * input_norm
-//   qkv = xn [M, H] x Wqkv^T        Wqkv = [q_proj; k_proj; v_proj], fused
-//   RoPE(q, k) at each row's position; K/V written to the paged cache
-//   a   = causal GQA attention, scale 1/sqrt(head_dim)
-//   x  += a x o_proj^T
+//   qkv = xn [M, H] x Wqkv^T (+ bqkv)   Wqkv = [q_proj; k_proj; v_proj], fused
+//   q, k = per-head RMSNorm * q_norm, k_norm          (Qwen3 only)
+//   RoPE(q, k) at each row's position (inv_freq from ModelConfig, llama3
+//   scaling included); K/V written to the paged cache
+//   a   = causal GQA attention, scale 1/sqrt(head_dim); with a sliding window
+//         W (Mistral), query i sees keys i-W+1..i only
+//   x  += a x o_proj^T (+ o_bias)
 //   xn  = RMSNorm(x) * post_norm
 //   gu  = xn x Wgu^T                Wgu = [gate_proj; up_proj], fused
 //   x  += (silu(g) * u) x down_proj^T
 // then logits = RMSNorm(x_last) * final_norm x lm_head^T.
 //
 // KV cache: per layer, K and V apart, each [num_blocks, block_size,
-// num_kv_heads, head_dim] fp32 (KvDtype::kF32), as in model_runner.h.
+// num_kv_heads, head_dim] fp32 (KvDtype::kF32), as in model_runner.h. With a
+// sliding window every position is still stored (no ring buffer): the window
+// only limits what attention reads, so KV transfer is unchanged.
 // Prefill attention reads the current layer's K/V from the contiguous qkv
 // buffer; decode attention reads them from the cache through block tables.
 #pragma once
@@ -64,7 +70,11 @@ class CpuModelRunner : public ModelRunner {
   struct Layer {
     std::vector<float> input_norm;  // [H]
     std::vector<float> wqkv;        // [Q + 2 KV, H]
+    std::vector<float> bqkv;        // [Q + 2 KV]; empty: no bias
+    std::vector<float> q_norm;      // [D]; empty: no q/k norm
+    std::vector<float> k_norm;      // [D]
     std::vector<float> wo;          // [H, Q]
+    std::vector<float> bo;          // [H]; empty: no bias
     std::vector<float> post_norm;   // [H]
     std::vector<float> wgu;         // [2 I, H]
     std::vector<float> wdown;       // [H, I]
@@ -83,9 +93,15 @@ class CpuModelRunner : public ModelRunner {
   // Float offset of token `t`'s slot in a layer's K (or V) storage.
   int64_t SlotOffset(std::span<const int32_t> table, int t) const;
 
+  // First position a query at `position` attends to (sliding window).
+  int FirstVisible(int position) const {
+    const int window = config_.sliding_window;
+    return window > 0 && position >= window ? position - window + 1 : 0;
+  }
+
   void ResizeScratch(int m);
   void Embed(std::span<const int32_t> tokens);  // rows of scratch_.x
-  // qkv for all rows, RoPE at positions[r] applied to q and k.
+  // qkv for all rows (bias, q/k norm), RoPE at positions[r] applied to q and k.
   void AttentionInput(int layer, int m, std::span<const int32_t> positions);
   // Copies k/v of row r (qkv buffer) into the cache slot of the same token.
   void StoreKv(int layer, int row, int64_t slot_offset);
@@ -99,7 +115,8 @@ class CpuModelRunner : public ModelRunner {
   int num_threads_;
   std::vector<float> embed_;  // [vocab, H]
   std::vector<float> final_norm_;
-  std::vector<float> lm_head_;  // [vocab, H]; empty when tied to embed_
+  std::vector<float> inv_freq_;  // [head_dim / 2], config_.RopeInverseFrequencies()
+  std::vector<float> lm_head_;   // [vocab, H]; empty when tied to embed_
   std::vector<Layer> layers_;
   // K and V storage per layer, num_blocks * block_size * KV floats each.
   std::vector<std::vector<float>> k_cache_, v_cache_;

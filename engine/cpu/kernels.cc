@@ -47,14 +47,10 @@ void RmsNorm(const float* x, const float* weight, float* y, int rows, int dim, f
   }
 }
 
-void RopeCosSin(int position, int head_dim, float theta, float* cos_out, float* sin_out) {
-  const int half = head_dim / 2;
+void RopeCosSin(int position, const float* inv_freq, int half, float* cos_out, float* sin_out) {
   const float pos = static_cast<float>(position);
   for (int i = 0; i < half; ++i) {
-    // HF: inv_freq = 1 / theta^(arange(0, d, 2) / d) in fp32; freqs = pos * inv_freq.
-    const float inv_freq =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    const float angle = pos * inv_freq;
+    const float angle = pos * inv_freq[i];
     cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
     sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
   }
@@ -82,6 +78,16 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
 void AddInPlace(float* y, const float* x, int64_t n, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void AddBias(float* y, const float* bias, int rows, int n, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) \
+    schedule(static) if (int64_t{rows} * n > (1 << 16))
+  for (int r = 0; r < rows; ++r) {
+    float* yr = y + static_cast<int64_t>(r) * n;
+#pragma omp simd
+    for (int i = 0; i < n; ++i) yr[i] += bias[i];
+  }
 }
 
 float Dot(const float* a, const float* b, int n) {

@@ -1,4 +1,4 @@
-// fp32 CPU kernels of the Llama forward pass. All matrices are row-major.
+// fp32 CPU kernels of the decoder forward pass. All matrices are row-major.
 // GEMMs go to OpenBLAS; the rest are plain loops the compiler vectorises.
 // Kernels with a `num_threads` argument parallelise with OpenMP; the others
 // are meant to be called from inside an already-parallel loop.
@@ -23,10 +23,11 @@ void MatMulTransB(const float* x, const float* w, float* y, int m, int n, int k,
 void RmsNorm(const float* x, const float* weight, float* y, int rows, int dim, float eps,
              int num_threads);
 
-// Hugging Face rotary embedding tables for one position: for i < head_dim/2,
-// angle = position * theta^(-2i/head_dim) (computed in fp32 like HF),
-// cos_out[i] = cos(angle), sin_out[i] = sin(angle).
-void RopeCosSin(int position, int head_dim, float theta, float* cos_out, float* sin_out);
+// Hugging Face rotary embedding tables for one position: for i < half,
+// angle = float(position) * inv_freq[i] (an fp32 product, as HF's
+// inv_freq @ position_ids), cos_out[i] = cos(angle), sin_out[i] = sin(angle).
+// inv_freq comes from ModelConfig::RopeInverseFrequencies.
+void RopeCosSin(int position, const float* inv_freq, int half, float* cos_out, float* sin_out);
 
 // Rotates `num_heads` heads of `head_dim` in place with the rotate-half
 // convention: (x[i], x[i+d/2]) -> (x[i]c - x[i+d/2]s, x[i+d/2]c + x[i]s).
@@ -37,6 +38,9 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 
 // y[i] += x[i].
 void AddInPlace(float* y, const float* x, int64_t n, int num_threads);
+
+// y[r, i] += bias[i] for `rows` rows of `n`.
+void AddBias(float* y, const float* bias, int rows, int n, int num_threads);
 
 float Dot(const float* a, const float* b, int n);
 // y[i] += a * x[i].

@@ -1,9 +1,11 @@
 // CpuModelRunner against a naive reference forward pass written here from the
-// Llama definition: double precision, plain loops, no KV cache, the whole
-// sequence recomputed for every query. Covers prefill, decode, batching,
-// paged block tables out of order, KV export/import between runners (how
-// disaggregation moves a sequence), GQA and tied embeddings, and
-// GenerateLocally.
+// Hugging Face definitions: double precision, plain loops, no KV cache, the
+// whole sequence recomputed for every query. Covers prefill, decode,
+// batching, paged block tables out of order, KV export/import between runners
+// (how disaggregation moves a sequence), GQA and tied embeddings,
+// GenerateLocally, and each architecture feature: Qwen2 q/k/v biases, Qwen3
+// per-head q/k RMSNorm with a decoupled head_dim, Llama 3.1 rope scaling,
+// attention_bias (o_proj bias) and Mistral's sliding window.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/arch_models.h"
 #include "tests/unit/engine/tiny_models.h"
 
 namespace pdserve::engine {
@@ -27,6 +30,28 @@ namespace {
 using Vec = std::vector<double>;
 
 // ---- the reference ----
+
+// RoPE inverse frequencies in double, from the Hugging Face definitions
+// (_compute_default_rope_parameters, _compute_llama3_parameters).
+Vec HandInvFreq(const ModelConfig& c) {
+  Vec inv(c.head_dim / 2);
+  for (int i = 0; i < c.head_dim / 2; ++i) {
+    inv[i] = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
+    if (c.rope_scaling.type != RopeScaling::Type::kLlama3) continue;
+    const RopeScaling& r = c.rope_scaling;
+    const double wavelen = 2 * M_PI / inv[i];
+    const double old_context = r.original_max_position_embeddings;
+    if (wavelen < old_context / r.high_freq_factor) continue;  // high frequency: kept
+    if (wavelen > old_context / r.low_freq_factor) {           // low frequency: slowed
+      inv[i] /= r.factor;
+      continue;
+    }
+    const double smooth =
+        (old_context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    inv[i] = (1 - smooth) * inv[i] / r.factor + smooth * inv[i];
+  }
+  return inv;
+}
 
 class ReferenceModel {
  public:
@@ -50,29 +75,37 @@ class ReferenceModel {
       std::vector<Vec> q(n), k(n), v(n);
       for (int t = 0; t < n; ++t) {
         const Vec xn = Norm(x[t], W(p + "input_layernorm.weight"));
-        q[t] = Rope(Linear(W(p + "self_attn.q_proj.weight"), xn), t, c_.num_heads);
-        k[t] = Rope(Linear(W(p + "self_attn.k_proj.weight"), xn), t, c_.num_kv_heads);
-        v[t] = Linear(W(p + "self_attn.v_proj.weight"), xn);
+        q[t] = Proj(p + "self_attn.q_proj", xn);
+        k[t] = Proj(p + "self_attn.k_proj", xn);
+        v[t] = Proj(p + "self_attn.v_proj", xn);
+        if (c_.qk_norm) {  // Qwen3: RMSNorm per head, then RoPE
+          q[t] = HeadNorm(q[t], W(p + "self_attn.q_norm.weight"));
+          k[t] = HeadNorm(k[t], W(p + "self_attn.k_norm.weight"));
+        }
+        q[t] = Rope(q[t], t, c_.num_heads);
+        k[t] = Rope(k[t], t, c_.num_kv_heads);
       }
       for (int t = 0; t < n; ++t) {
         Vec attn(c_.q_size(), 0.0);
+        // Mistral: keys j with t - window < j <= t.
+        const int first = c_.sliding_window > 0 ? std::max(0, t - c_.sliding_window + 1) : 0;
         for (int head = 0; head < c_.num_heads; ++head) {
           const int kvh = head * c_.num_kv_heads / c_.num_heads;  // GQA group
-          Vec p_att(t + 1);
+          Vec p_att(t + 1, 0.0);
           double max_score = -1e300;
-          for (int j = 0; j <= t; ++j) {
+          for (int j = first; j <= t; ++j) {
             double s = 0;
             for (int d = 0; d < hd; ++d) s += q[t][head * hd + d] * k[j][kvh * hd + d];
             p_att[j] = s / std::sqrt(static_cast<double>(hd));
             max_score = std::max(max_score, p_att[j]);
           }
           double sum = 0;
-          for (double& s : p_att) sum += (s = std::exp(s - max_score));
-          for (int j = 0; j <= t; ++j) {
+          for (int j = first; j <= t; ++j) sum += (p_att[j] = std::exp(p_att[j] - max_score));
+          for (int j = first; j <= t; ++j) {
             for (int d = 0; d < hd; ++d) attn[head * hd + d] += p_att[j] / sum * v[j][kvh * hd + d];
           }
         }
-        Add(x[t], Linear(W(p + "self_attn.o_proj.weight"), attn));
+        Add(x[t], Proj(p + "self_attn.o_proj", attn));
         const Vec xn = Norm(x[t], W(p + "post_attention_layernorm.weight"));
         const Vec g = Linear(W(p + "mlp.gate_proj.weight"), xn);
         const Vec u = Linear(W(p + "mlp.up_proj.weight"), xn);
@@ -95,6 +128,21 @@ class ReferenceModel {
     EXPECT_NE(it, w_.end()) << name;
     return it->second;
   }
+  // Linear layer `prefix`: weight, plus its bias when the file has one.
+  Vec Proj(const std::string& prefix, const Vec& x) const {
+    Vec y = Linear(W(prefix + ".weight"), x);
+    if (auto it = w_.find(prefix + ".bias"); it != w_.end()) Add(y, it->second);
+    return y;
+  }
+  // RMSNorm of each head_dim slice of x with the same weight.
+  Vec HeadNorm(const Vec& x, const Vec& weight) const {
+    Vec y;
+    for (size_t h0 = 0; h0 < x.size(); h0 += weight.size()) {
+      const Vec head = Norm(Vec(x.begin() + h0, x.begin() + h0 + weight.size()), weight);
+      y.insert(y.end(), head.begin(), head.end());
+    }
+    return y;
+  }
   static Vec Row(const Vec& m, int r, int cols) {
     return Vec(m.begin() + r * cols, m.begin() + (r + 1) * cols);
   }
@@ -114,12 +162,12 @@ class ReferenceModel {
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * scale * weight[i];
     return y;
   }
-  // Rotate-half RoPE: pairs (i, i + hd/2), angle = pos * theta^(-2i/hd).
+  // Rotate-half RoPE: pairs (i, i + hd/2), angle = pos * inv_freq[i].
   Vec Rope(Vec x, int pos, int heads) const {
     const int hd = c_.head_dim;
     for (int head = 0; head < heads; ++head) {
       for (int i = 0; i < hd / 2; ++i) {
-        const double angle = pos * std::pow(static_cast<double>(c_.rope_theta), -2.0 * i / hd);
+        const double angle = pos * inv_freq_[i];
         double& a = x[head * hd + i];
         double& b = x[head * hd + i + hd / 2];
         const double a0 = a, b0 = b;
@@ -134,6 +182,7 @@ class ReferenceModel {
   }
 
   ModelConfig c_;
+  Vec inv_freq_ = HandInvFreq(c_);
   std::map<std::string, Vec> w_;
 };
 
@@ -395,10 +444,50 @@ TEST_P(ForwardTest, GenerateLocallyRejectsWhatCannotFit) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The window is live: with the same weights, logits equal a window-free
+// model's while the sequence fits in the window, and differ once it does not.
+TEST(SlidingWindowTest, WindowCutsInOnlyBeyondItsLength) {
+  const ModelConfig windowed = testing_models::TinyMistralWindowConfig();  // window 5
+  const std::string dir = testing_models::WriteTinyModel(windowed, 3, "f32", "window_live");
+  ModelConfig full = windowed;
+  full.sliding_window = 0;
+  CpuRunnerOptions options;
+  options.kv_block_size = 4;
+  options.num_kv_blocks = 8;
+  options.num_threads = 2;
+  auto make = [&](const ModelConfig& c) {
+    auto w = LoadModelWeights(c, dir);
+    EXPECT_TRUE(w.ok()) << w.status();
+    auto r = CpuModelRunner::Create(c, *std::move(w), options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *std::move(r);
+  };
+  auto a = make(windowed), b = make(full);
+  const std::vector<int32_t> table = {0, 1, 2, 3};
+  std::vector<float> la, lb;
+  for (int n : {5, 6, 11}) {
+    const std::vector<int32_t> prompt = Tokens(n, windowed.vocab_size, 9);
+    const PrefillSequence seq{prompt, table};
+    ASSERT_TRUE(a->Prefill({&seq, 1}, nullptr, la).ok());
+    ASSERT_TRUE(b->Prefill({&seq, 1}, nullptr, lb).ok());
+    if (n <= 5) {
+      EXPECT_LT(RelDiff(la, lb), 1e-6) << n;
+    } else {
+      EXPECT_GT(RelDiff(la, lb), 1e-3) << n;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, ForwardTest,
     testing::Values(ModelCase{"gqa_untied_f32", testing_models::TinyGqaConfig(), "f32"},
-                    ModelCase{"mha_tied_bf16", testing_models::TinyTiedConfig(), "bf16"}),
+                    ModelCase{"mha_tied_bf16", testing_models::TinyTiedConfig(), "bf16"},
+                    ModelCase{"qwen2_bias", testing_models::TinyQwen2Config(), "f32"},
+                    ModelCase{"qwen3_qk_norm_f16", testing_models::TinyQwen3Config(), "f16"},
+                    ModelCase{"llama3_rope", testing_models::TinyLlama3RopeConfig(), "f32"},
+                    ModelCase{"llama_attention_bias",
+                              testing_models::TinyLlamaAttentionBiasConfig(), "bf16"},
+                    ModelCase{"mistral_window", testing_models::TinyMistralWindowConfig(), "f32"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""pdserve's CPU runner against the independent PyTorch reference.
+
+For each variant below: writes a random model with pdserve_make_model, runs
+pdserve_dump_logits (prefill logits, per-token decode logits and a 32-token
+greedy continuation from GenerateLocally), runs tests/reference/
+torch_reference.py in float64 on the same files, and asserts
+
+  * logits: max |pdserve - torch| <= 1e-3 * max(1, max |torch logit|), for the
+    prompt's prefill logits and for the logits after every token of
+    prompt + continuation (decode path, paged KV cache). pdserve computes in
+    fp32 from the same (bf16/f16/f32) weights, so the bound leaves ~100x margin
+    over the fp32 rounding seen in practice;
+  * greedy: the 32 greedy tokens are identical.
+
+Exit status: 0 all passed, 1 a mismatch, 77 (ctest SKIP_RETURN_CODE) when
+PyTorch cannot be imported (Debian: apt-get install python3-torch python3-numpy;
+deploy/local/install_deps.sh installs both).
+
+  check_against_torch.py --make_model=BIN --dump_logits=BIN [--work_dir=DIR]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def import_torch_or_skip():
+    try:
+        import torch  # noqa: F401
+        import numpy  # noqa: F401
+        return
+    except ImportError as e:
+        missing = e
+    # A python3 earlier on PATH (pyenv, venv) may not see Debian's
+    # dist-packages: retry once with the system interpreter.
+    system = "/usr/bin/python3"
+    if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
+            and not os.environ.get("PDSERVE_REFERENCE_REEXEC")):
+        os.environ["PDSERVE_REFERENCE_REEXEC"] = "1"
+        os.execv(system, [system] + sys.argv)
+    print(f"SKIP: PyTorch is not available ({missing}); "
+          "install python3-torch and python3-numpy to run this check")
+    sys.exit(SKIP)
+
+
+BASE = ["--vocab_size=512", "--hidden_size=64", "--intermediate_size=160", "--num_layers=2",
+        "--num_heads=4", "--num_kv_heads=2", "--max_position_embeddings=128"]
+
+# (name, extra pdserve_make_model flags). Each adds one feature to BASE.
+VARIANTS = [
+    ("llama_f32", ["--arch=llama"]),
+    ("llama_bf16_tied", ["--arch=llama", "--dtype=bf16", "--tie_word_embeddings"]),
+    ("llama_f16_sharded", ["--arch=llama", "--dtype=f16", "--shards=3"]),
+    # original context 64, head_dim 16: inv_freq has high, medium (smoothed)
+    # and low (divided by factor) frequencies.
+    ("llama3_rope_scaling", ["--arch=llama", "--rope_scaling=llama3", "--rope_factor=8",
+                             "--rope_low_freq_factor=1", "--rope_high_freq_factor=4",
+                             "--rope_original_max_position_embeddings=64",
+                             "--rope_theta=500000"]),
+    ("llama_attention_bias", ["--arch=llama", "--attention_bias"]),
+    # window 8 < prompt + continuation: the window cuts in, prefill and decode.
+    ("mistral_sliding_window", ["--arch=mistral", "--sliding_window=8"]),
+    ("qwen2_bias_tied", ["--arch=qwen2", "--tie_word_embeddings", "--rope_theta=1000000"]),
+    # head_dim 32 != hidden / heads (16), as in real Qwen3 checkpoints.
+    ("qwen3_qk_norm", ["--arch=qwen3", "--head_dim=32", "--tie_word_embeddings",
+                       "--rope_theta=1000000"]),
+    ("qwen3_bf16_sharded", ["--arch=qwen3", "--head_dim=32", "--dtype=bf16", "--shards=2"]),
+]
+
+PROMPT_LEN = 12
+GREEDY_TOKENS = 32
+REL_TOL = 1e-3
+
+
+def prompt_tokens(vocab, salt):
+    return [(i * 131 + salt * 17 + 5) % vocab for i in range(PROMPT_LEN)]
+
+
+def max_rel_diff(ours, ref):
+    """max |ours - ref| / max(1, max |ref|) for a [..., vocab] pair."""
+    import torch
+    ours = torch.tensor(ours, dtype=torch.float64)
+    scale = max(1.0, float(ref.abs().max()))
+    return float((ours - ref).abs().max()) / scale
+
+
+def check_variant(name, flags, salt, args):
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_reference import ReferenceModel
+
+    model_dir = os.path.join(args.work_dir, name)
+    subprocess.run([args.make_model, f"--out_dir={model_dir}", f"--seed={100 + salt}"] + BASE + flags,
+                   check=True, stdout=subprocess.DEVNULL)
+    prompt = prompt_tokens(512, salt)
+    dump = subprocess.run(
+        [args.dump_logits, f"--model_dir={model_dir}", "--tokens=" + ",".join(map(str, prompt)),
+         f"--max_tokens={GREEDY_TOKENS}", f"--threads={args.threads}"],
+        check=True, capture_output=True, text=True)
+    ours = json.loads(dump.stdout)
+
+    ref = ReferenceModel(model_dir)
+    with torch.no_grad():
+        ref_seq_logits = ref.forward(ours["sequence"])
+        ref_prompt_logits = ref.forward(prompt)[-1]
+        ref_greedy, margins = ref.greedy(prompt, GREEDY_TOKENS)
+
+    failures = []
+    prefill_diff = max_rel_diff(ours["prefill_logits"], ref_prompt_logits)
+    step_diff = max_rel_diff(ours["step_logits"], ref_seq_logits)
+    # The continuation is compared over the sequence pdserve generated; the
+    # prompt part of it is the same for both.
+    if prefill_diff > REL_TOL:
+        failures.append(f"prefill logits differ: {prefill_diff:.3g} > {REL_TOL}")
+    if step_diff > REL_TOL:
+        failures.append(f"decode-step logits differ: {step_diff:.3g} > {REL_TOL}")
+    if ours["greedy_tokens"] != ref_greedy:
+        first = next(i for i, (a, b) in enumerate(zip(ours["greedy_tokens"], ref_greedy)) if a != b)
+        failures.append(f"greedy tokens differ from step {first} (torch top-2 margin there "
+                        f"{margins[first]:.3g}): pdserve {ours['greedy_tokens']} torch {ref_greedy}")
+    return {"name": name, "prefill_diff": prefill_diff, "step_diff": step_diff,
+            "greedy_match": ours["greedy_tokens"] == ref_greedy,
+            "min_margin": min(margins), "failures": failures}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--make_model", required=True, help="pdserve_make_model binary")
+    parser.add_argument("--dump_logits", required=True, help="pdserve_dump_logits binary")
+    parser.add_argument("--work_dir", default="", help="where models are written (default: a temp dir)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", default="", help="run only variants whose name contains this")
+    args = parser.parse_args()
+    import_torch_or_skip()
+    import torch
+    torch.set_num_threads(max(1, args.threads))
+
+    temp = None
+    if not args.work_dir:
+        temp = tempfile.TemporaryDirectory(prefix="pdserve_reference_")
+        args.work_dir = temp.name
+    start = time.time()
+    results = []
+    for salt, (name, flags) in enumerate(VARIANTS):
+        if args.only and args.only not in name:
+            continue
+        results.append(check_variant(name, flags, salt, args))
+
+    print(f"{'variant':<24} {'prefill diff':>12} {'decode diff':>12} {'greedy 32':>9} "
+          f"{'min margin':>10}")
+    for r in results:
+        print(f"{r['name']:<24} {r['prefill_diff']:>12.2e} {r['step_diff']:>12.2e} "
+              f"{'same' if r['greedy_match'] else 'DIFF':>9} {r['min_margin']:>10.2e}")
+    print(f"tolerance: max|diff| <= {REL_TOL} * max(1, max|torch logit|); "
+          f"{len(results)} variants in {time.time() - start:.1f} s (torch {torch.__version__})")
+    failed = [r for r in results if r["failures"]]
+    for r in failed:
+        for f in r["failures"]:
+            print(f"FAIL {r['name']}: {f}")
+    if temp:
+        temp.cleanup()
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

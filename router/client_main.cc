@@ -19,6 +19,10 @@
 ABSL_FLAG(std::string, router, "127.0.0.1:50051", "Router address");
 ABSL_FLAG(std::string, prompt, "", "Prompt text");
 ABSL_FLAG(std::string, token_ids, "", "Prompt as comma-separated token ids (instead of --prompt)");
+ABSL_FLAG(std::string, chat, "",
+          "A user message, rendered by the router through the model's chat template "
+          "(instead of --prompt)");
+ABSL_FLAG(std::string, system, "", "With --chat: a system message before the user's");
 ABSL_FLAG(int, max_tokens, 32, "Tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "0: off");
@@ -41,6 +45,15 @@ int main(int argc, char** argv) {
       }
       request.mutable_token_ids()->add_ids(id);
     }
+  } else if (!absl::GetFlag(FLAGS_chat).empty()) {
+    if (!absl::GetFlag(FLAGS_system).empty()) {
+      auto* m = request.mutable_chat()->add_messages();
+      m->set_role("system");
+      m->set_content(absl::GetFlag(FLAGS_system));
+    }
+    auto* m = request.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(absl::GetFlag(FLAGS_chat));
   } else {
     request.set_text(absl::GetFlag(FLAGS_prompt));
   }

@@ -40,12 +40,11 @@ grpc::Status CancelAndFinish(grpc::ClientContext& ctx,
 
 }  // namespace
 
-GenerationService::GenerationService(GenerationOptions options, const engine::ModelConfig* config,
-                                     const engine::Tokenizer* tokenizer, WorkerRegistry* registry,
-                                     const RoutingPolicy* policy, RouterMetrics* metrics)
+GenerationService::GenerationService(GenerationOptions options, const PromptSource* prompt_source,
+                                     WorkerRegistry* registry, const RoutingPolicy* policy,
+                                     RouterMetrics* metrics)
     : options_(options),
-      config_(config),
-      tokenizer_(tokenizer),
+      prompt_source_(prompt_source),
       registry_(registry),
       policy_(policy),
       metrics_(metrics),
@@ -98,7 +97,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
                                       grpc::ServerWriter<v1::GenerateResponse>* writer,
                                       absl::Time arrival, std::string* finish_label) {
   absl::StatusOr<ValidatedRequest> req =
-      ValidateRequest(request, *config_, *tokenizer_, seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
+      ValidateRequest(request, *prompt_source_, arrival,
+                      seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
   if (!req.ok()) {
     metrics_->CountRejected("invalid_argument");
     *finish_label = "rejected";
@@ -195,7 +195,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
   // 3. Stream: the first token (time to first token ends when it is sent),
   // then the decode worker's tokens, through incremental detokenization and
   // the stop-string matcher.
-  engine::IncrementalDetokenizer detok(*tokenizer_);
+  engine::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
   StopMatcher stops(req->stop_strings);
   const bool want_logprobs = req->sampling.logprobs >= 0;
   metrics_->prompt_tokens.Increment(prompt_len);

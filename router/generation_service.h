@@ -15,6 +15,7 @@
 #include "engine/tokenizer.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "pdserve/v1/generation.grpc.pb.h"
+#include "router/request_validation.h"
 #include "router/routing_policy.h"
 #include "router/router_metrics.h"
 #include "router/worker_registry.h"
@@ -28,8 +29,7 @@ struct GenerationOptions {
 class GenerationService final : public v1::Generation::Service {
  public:
   // Every pointer must outlive the service.
-  GenerationService(GenerationOptions options, const engine::ModelConfig* config,
-                    const engine::Tokenizer* tokenizer, WorkerRegistry* registry,
+  GenerationService(GenerationOptions options, const PromptSource* prompt_source, WorkerRegistry* registry,
                     const RoutingPolicy* policy, RouterMetrics* metrics);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -48,8 +48,7 @@ class GenerationService final : public v1::Generation::Service {
                      std::string* finish_label);
 
   const GenerationOptions options_;
-  const engine::ModelConfig* const config_;
-  const engine::Tokenizer* const tokenizer_;
+  const PromptSource* const prompt_source_;
   WorkerRegistry* const registry_;
   const RoutingPolicy* const policy_;
   RouterMetrics* const metrics_;

@@ -16,14 +16,14 @@
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
-#include "engine/config.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_loader.h"
 #include "router/generation_service.h"
+#include "router/prompt_source.h"
 #include "router/registry_service.h"
 #include "router/router_metrics.h"
 
-ABSL_FLAG(std::string, model_dir, "", "Model directory; the router reads config.json (vocabulary, context, EOS)");
+ABSL_FLAG(std::string, model_dir, "",
+          "Model directory; the router reads config.json and generation_config.json (vocabulary, "
+          "context, BOS/EOS), the tokenizer files and the chat template");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port for clients and worker registration (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
@@ -49,18 +49,12 @@ int Main() {
     std::cerr << "--model_dir is required\n";
     return 2;
   }
-  auto config = engine::ModelConfig::FromFile(absl::GetFlag(FLAGS_model_dir) + "/config.json");
-  if (!config.ok()) {
-    PDSERVE_LOG(ERROR) << config.status();
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  absl::StatusOr<router::PromptSource> prompt_source = router::PromptSource::Load(model_dir);
+  if (!prompt_source.ok()) {
+    PDSERVE_LOG(ERROR) << prompt_source.status();
     return 1;
   }
-  // tokenizer.json when the model ships one, else the byte-level tokenizer.
-  auto loaded_tokenizer = engine::LoadTokenizer(absl::GetFlag(FLAGS_model_dir));
-  if (!loaded_tokenizer.ok()) {
-    PDSERVE_LOG(ERROR) << loaded_tokenizer.status();
-    return 1;
-  }
-  const engine::Tokenizer& tokenizer = **loaded_tokenizer;
   auto policy = router::CreateRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
   if (!policy.ok()) {
     PDSERVE_LOG(ERROR) << policy.status();
@@ -80,8 +74,8 @@ int Main() {
   router::RegistryService registry_service(&workers,
                                            absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
   router::GenerationService generation(
-      router::GenerationOptions{.max_in_flight = absl::GetFlag(FLAGS_max_in_flight)}, &*config,
-      &tokenizer, &workers, policy->get(), &metrics);
+      router::GenerationOptions{.max_in_flight = absl::GetFlag(FLAGS_max_in_flight)}, &*prompt_source,
+      &workers, policy->get(), &metrics);
   auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation, &registry_service});
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();

@@ -6,23 +6,22 @@ namespace pdserve::router {
 namespace {
 constexpr int kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
+constexpr int kMaxChatMessages = 1024;
 }  // namespace
 
-absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
-                                                 const engine::ModelConfig& config,
-                                                 const engine::Tokenizer& tokenizer,
-                                                 uint64_t default_seed) {
-  ValidatedRequest out;
-  out.request_id = request.request_id();
-  if (out.request_id.size() > 256) {
-    return absl::InvalidArgumentError("request_id is longer than 256 bytes");
-  }
+absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& request,
+                                                 const PromptSource& source, absl::Time now) {
+  const engine::ModelConfig& config = source.config;
+  const engine::Tokenizer& tokenizer = *source.tokenizer;
+  std::vector<int32_t> prompt;
   switch (request.input_case()) {
-    case v1::GenerateRequest::kText:
+    case v1::GenerateRequest::kText: {
       if (request.text().empty()) return absl::InvalidArgumentError("text is empty");
-      if (request.add_bos() && config.bos_token_id >= 0) out.prompt.push_back(config.bos_token_id);
-      for (int32_t t : tokenizer.Encode(request.text())) out.prompt.push_back(t);
-      break;
+      const int bos = tokenizer.bos_token_id().value_or(config.bos_token_id);
+      if (request.add_bos() && bos >= 0) prompt.push_back(bos);
+      for (int32_t t : tokenizer.Encode(request.text())) prompt.push_back(t);
+      return prompt;
+    }
     case v1::GenerateRequest::kTokenIds:
       if (request.token_ids().ids_size() == 0) return absl::InvalidArgumentError("token_ids is empty");
       for (int32_t t : request.token_ids().ids()) {
@@ -30,14 +29,57 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
           return absl::InvalidArgumentError(
               absl::StrCat("token_ids: ", t, " is outside [0, ", config.vocab_size, ")"));
         }
-        out.prompt.push_back(t);
+        prompt.push_back(t);
       }
-      break;
-    case v1::GenerateRequest::kChat:
-      return absl::InvalidArgumentError("chat: chat requests are not served yet; send text or token_ids");
+      return prompt;
+    case v1::GenerateRequest::kChat: {
+      if (!source.chat_template.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chat: ", source.chat_unavailable, "; send text or token_ids"));
+      }
+      const auto& messages = request.chat().messages();
+      if (messages.empty()) return absl::InvalidArgumentError("chat.messages is empty");
+      if (messages.size() > kMaxChatMessages) {
+        return absl::InvalidArgumentError(absl::StrCat("chat.messages: at most ", kMaxChatMessages,
+                                                       " messages, got ", messages.size()));
+      }
+      std::vector<engine::ChatMessage> conversation;
+      for (int i = 0; i < messages.size(); ++i) {
+        const std::string& role = messages[i].role();
+        if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("chat.messages[", i, "].role must be system, user, assistant or tool, got \"",
+                           role.substr(0, 32), "\""));
+        }
+        conversation.push_back({role, messages[i].content()});
+      }
+      engine::ChatRenderOptions options;
+      options.add_generation_prompt = true;
+      options.now = now;
+      absl::StatusOr<std::string> text = engine::RenderChat(*source.chat_template, conversation, options);
+      if (!text.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("chat: ", text.status().message()));
+      }
+      return tokenizer.Encode(*text);
+    }
     case v1::GenerateRequest::INPUT_NOT_SET:
-      return absl::InvalidArgumentError("input: set text or token_ids");
+      return absl::InvalidArgumentError("input: set text, token_ids or chat");
   }
+  return absl::InvalidArgumentError("input: unknown kind");
+}
+
+absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+                                                 const PromptSource& source, absl::Time now,
+                                                 uint64_t default_seed) {
+  const engine::ModelConfig& config = source.config;
+  ValidatedRequest out;
+  out.request_id = request.request_id();
+  if (out.request_id.size() > 256) {
+    return absl::InvalidArgumentError("request_id is longer than 256 bytes");
+  }
+  absl::StatusOr<std::vector<int32_t>> prompt = BuildPrompt(request, source, now);
+  if (!prompt.ok()) return prompt.status();
+  out.prompt = *std::move(prompt);
   const int prompt_len = static_cast<int>(out.prompt.size());
   const int context = config.max_position_embeddings;
   if (prompt_len >= context) {

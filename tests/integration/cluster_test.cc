@@ -8,7 +8,10 @@
 #include "engine/generator.h"
 #include "engine/model_writer.h"
 #include "engine/runner_factory.h"
+#include "engine/chat_template.h"
 #include "engine/tokenizer.h"
+#include "engine/tokenizer_loader.h"
+#include "engine/tokenizer_writer.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"
 
@@ -381,6 +384,87 @@ TEST_F(ClusterTest, MetricsCountTtftAndItl) {
   ASSERT_TRUE(prefill_text.ok());
   EXPECT_NE(prefill_text->find("pdserve_prefill_queue_depth"), std::string::npos);
   EXPECT_GT(WorkerMetric(*cluster_->decode()[0], "pdserve_decode_step_seconds_count"), 0);
+}
+
+// A model that ships tokenizer files, a chat template and
+// generation_config.json, as a real Llama 3 Instruct checkpoint does.
+TEST(ChatClusterTest, ChatIsRenderedTokenizedAndEqualsInProcessEngine) {
+  const std::string work_dir = ::testing::TempDir() + "/pdserve_chat_cluster_test";
+  std::filesystem::remove_all(work_dir);
+  const std::string model_dir = work_dir + "/model";
+  engine::ModelConfig config = engine::DefaultDemoConfig();
+  config.max_position_embeddings = 512;
+  engine::RandomModelOptions options{.seed = 5,
+                                     .write_generation_config = true,
+                                     .generation_eos_token_ids = {engine::kDemoEndOfTextId,
+                                                                  engine::kDemoEotId}};
+  ASSERT_TRUE(engine::WriteRandomModel(config, options, model_dir).ok());
+  ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, model_dir).ok());
+  LocalCluster cluster(ClusterOptions{.model_dir = model_dir, .work_dir = work_dir});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+
+  auto tokenizer = engine::LoadTokenizer(model_dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto chat_template = engine::LoadChatTemplate(model_dir);
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  auto runner = engine::CreateModelRunner({.model_dir = model_dir, .num_kv_blocks = 128, .num_threads = 1});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  // generation_config.json's EOS reached the engine.
+  EXPECT_TRUE((*runner)->config().IsEos(engine::kDemoEotId));
+
+  const std::vector<engine::ChatMessage> conversation = {
+      {"system", "You answer in one line."}, {"user", "What does the decode pool do?"}};
+  v1::GenerateRequest request;
+  for (const auto& m : conversation) {
+    v1::ChatMessage* message = request.mutable_chat()->add_messages();
+    message->set_role(m.role);
+    message->set_content(m.content);
+  }
+  request.mutable_sampling()->set_max_tokens(40);
+  auto rendered = engine::RenderChat(*chat_template, conversation, /*add_generation_prompt=*/true);
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  const std::vector<int32_t> prompt = (*tokenizer)->Encode(*rendered);
+  ASSERT_EQ(prompt[0], engine::kDemoBosId);
+
+  for (const float temperature : {0.0f, 0.9f}) {
+    request.mutable_sampling()->set_temperature(temperature);
+    request.mutable_sampling()->set_seed(3);
+    engine::SamplingParams params;
+    params.max_tokens = 40;
+    params.temperature = temperature;
+    params.seed = 3;
+    auto expected = engine::GenerateLocally(**runner, prompt, params);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    StreamResult got = RunGenerate(*stub, request);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.last.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+    EXPECT_EQ(got.tokens, expected->tokens) << "temperature " << temperature;
+    EXPECT_EQ(static_cast<int>(got.last.finish_reason()), static_cast<int>(expected->finish_reason));
+    // The router detokenized with the model's tokenizer, specials skipped.
+    EXPECT_EQ(got.text, (*tokenizer)->Decode(got.tokens));
+  }
+
+  // Text prompts take BOS from the tokenizer and go through its merges.
+  v1::GenerateRequest text_request;
+  text_request.set_text("the cache of the answer");
+  text_request.set_add_bos(true);
+  text_request.mutable_sampling()->set_max_tokens(4);
+  StreamResult text_got = RunGenerate(*stub, text_request);
+  ASSERT_TRUE(text_got.status.ok()) << text_got.status.error_message();
+  std::vector<int32_t> text_prompt = {engine::kDemoBosId};
+  for (int32_t t : (*tokenizer)->Encode("the cache of the answer")) text_prompt.push_back(t);
+  EXPECT_EQ(text_got.last.usage().prompt_tokens(), static_cast<int>(text_prompt.size()));
+  EXPECT_LT(text_prompt.size(), std::string("the cache of the answer").size());
+
+  // A conversation the router cannot render is INVALID_ARGUMENT naming the field.
+  v1::GenerateRequest bad;
+  bad.mutable_chat()->add_messages()->set_role("narrator");
+  bad.mutable_sampling()->set_max_tokens(4);
+  StreamResult bad_got = RunGenerate(*stub, bad);
+  EXPECT_EQ(bad_got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_got.status.error_message().find("chat.messages[0].role"), std::string::npos)
+      << bad_got.status.error_message();
 }
 
 // A second cluster shape: capacity and empty pools.

@@ -1,9 +1,18 @@
 #include "router/request_validation.h"
 
+#include <filesystem>
+
+#include "engine/tokenizer_loader.h"
+#include "engine/tokenizer_writer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::router {
 namespace {
+
+using ::testing::HasSubstr;
+
+const absl::Time kNow = absl::FromUnixSeconds(1'700'000'000);
 
 engine::ModelConfig Config() {
   engine::ModelConfig c;
@@ -15,6 +24,43 @@ engine::ModelConfig Config() {
   return c;
 }
 
+// A byte-level model without tokenizer files or chat template.
+PromptSource ByteSource() {
+  PromptSource source;
+  source.config = Config();
+  source.tokenizer = std::make_unique<engine::ByteTokenizer>(300);
+  return source;
+}
+
+// The self-made Llama 3 style tokenizer and chat template
+// (engine/tokenizer_writer.h), loaded from disk as a real model's are.
+PromptSource ChatSource() {
+  const std::string dir = ::testing::TempDir() + "/request_validation_chat";
+  std::filesystem::create_directories(dir);
+  EXPECT_TRUE(engine::WriteDemoTokenizer(300, dir).ok());
+  PromptSource source;
+  source.config = Config();
+  auto tokenizer = engine::LoadTokenizer(dir);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+  source.tokenizer = *std::move(tokenizer);
+  auto chat_template = engine::LoadChatTemplate(dir);
+  EXPECT_TRUE(chat_template.ok()) << chat_template.status();
+  source.chat_template = *std::move(chat_template);
+  return source;
+}
+
+v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages, int max_tokens) {
+  v1::GenerateRequest r;
+  r.mutable_chat();
+  for (const auto& [role, content] : messages) {
+    v1::ChatMessage* m = r.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
 v1::GenerateRequest Text(const std::string& text, int max_tokens) {
   v1::GenerateRequest r;
   r.set_text(text);
@@ -23,21 +69,21 @@ v1::GenerateRequest Text(const std::string& text, int max_tokens) {
 }
 
 TEST(RequestValidationTest, TokenizesTextAndResolvesDefaults) {
-  engine::ByteTokenizer tok(300);
+  const PromptSource source = ByteSource();
   v1::GenerateRequest r = Text("hi", 5);
   r.set_add_bos(true);
-  auto v = ValidateRequest(r, Config(), tok, 77);
+  auto v = ValidateRequest(r, source, kNow, 77);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->prompt, (std::vector<int32_t>{256, 'h', 'i'}));
   EXPECT_EQ(v->sampling.seed, 77u);
   EXPECT_EQ(v->sampling.top_p, 1.0f);  // unset reads as off
   EXPECT_EQ(v->sampling.max_tokens, 5);
   r.mutable_sampling()->set_seed(5);
-  EXPECT_EQ(ValidateRequest(r, Config(), tok, 77)->sampling.seed, 5u);
+  EXPECT_EQ(ValidateRequest(r, source, kNow, 77)->sampling.seed, 5u);
 }
 
 TEST(RequestValidationTest, RejectsBadInputNamingTheField) {
-  engine::ByteTokenizer tok(300);
+  const PromptSource source = ByteSource();
   struct Case {
     v1::GenerateRequest request;
     std::string field;
@@ -47,6 +93,7 @@ TEST(RequestValidationTest, RejectsBadInputNamingTheField) {
   cases.push_back({Text("", 4), "text"});
   cases.push_back({Text(std::string(64, 'a'), 4), "input"});
   cases.push_back({Text("a", 0), "max_tokens"});
+  cases.push_back({Chat({{"user", "hi"}}, 4), "chat: the model has no chat template"});
   cases.push_back({Text(std::string(60, 'a'), 5), "max_tokens"});
   {
     v1::GenerateRequest r;
@@ -70,11 +117,86 @@ TEST(RequestValidationTest, RejectsBadInputNamingTheField) {
     cases.push_back({r, "top_p"});
   }
   for (const Case& c : cases) {
-    auto v = ValidateRequest(c.request, Config(), tok, 1);
+    auto v = ValidateRequest(c.request, source, kNow, 1);
     ASSERT_FALSE(v.ok()) << c.field;
     EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(v.status().message().find(c.field), absl::string_view::npos) << v.status();
   }
+}
+
+TEST(RequestValidationTest, TextTakesBosFromTheTokenizer) {
+  PromptSource source = ChatSource();
+  source.config.bos_token_id = 5;  // config.json may disagree: the tokenizer files win
+  v1::GenerateRequest r = Text("the cache", 4);
+  r.set_add_bos(true);
+  auto v = ValidateRequest(r, source, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_FALSE(v->prompt.empty());
+  EXPECT_EQ(v->prompt[0], engine::kDemoBosId);
+  EXPECT_EQ(source.tokenizer->Decode(v->prompt), "the cache");
+  // Merges learned by the writer apply: fewer tokens than bytes.
+  EXPECT_LT(v->prompt.size(), 1 + std::string("the cache").size());
+}
+
+TEST(RequestValidationTest, RendersChatThroughTheModelTemplate) {
+  const PromptSource source = ChatSource();
+  auto v = ValidateRequest(Chat({{"system", "Be brief."}, {"user", "  Hello there \n"}}, 8), source,
+                           kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  // Llama 3 Instruct layout: BOS from the template, contents trimmed, each
+  // turn closed by <|eot_id|>, then the opening of the assistant turn.
+  const std::string expected =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHello there<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(v->prompt, source.tokenizer->Encode(expected));
+  EXPECT_EQ(source.tokenizer->Decode(v->prompt, /*skip_special_tokens=*/false), expected);
+  EXPECT_EQ(v->prompt[0], engine::kDemoBosId);  // once: no BOS added on top
+  EXPECT_EQ(std::count(v->prompt.begin(), v->prompt.end(), engine::kDemoBosId), 1);
+  EXPECT_EQ(std::count(v->prompt.begin(), v->prompt.end(), engine::kDemoEotId), 2);
+}
+
+TEST(RequestValidationTest, RejectsBadChatNamingTheField) {
+  const PromptSource source = ChatSource();
+  struct Case {
+    v1::GenerateRequest request;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Chat({}, 4), "chat.messages is empty"},
+      {Chat({{"user", "hi"}, {"robot", "x"}}, 4), "chat.messages[1].role"},
+      {Chat({{"user", std::string(80, 'a')}}, 4), "input: the prompt has"},
+  };
+  for (const Case& c : cases) {
+    auto v = ValidateRequest(c.request, source, kNow, 1);
+    ASSERT_FALSE(v.ok()) << c.message;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(v.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(RequestValidationTest, ReportsTheTemplatesOwnError) {
+  PromptSource source = ChatSource();
+  auto strict = engine::ParseChatTemplate(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with the "
+      "user') }}{% endif %}{{ messages[0].content }}",
+      "", "");
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  source.chat_template = *std::move(strict);
+  auto v = ValidateRequest(Chat({{"assistant", "hi"}}, 4), source, kNow, 1);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("chat: "));
+  EXPECT_THAT(v.status().message(), HasSubstr("Conversations must start with the user"));
+  EXPECT_TRUE(ValidateRequest(Chat({{"user", "hi"}}, 4), source, kNow, 1).ok());
+}
+
+TEST(RequestValidationTest, RefusesChatWithTheReasonTheTemplateIsUnusable) {
+  PromptSource source = ByteSource();
+  source.chat_unavailable = "the model's chat template is not usable: line 3: unknown tag";
+  auto v = ValidateRequest(Chat({{"user", "hi"}}, 4), source, kNow, 1);
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(v.status().message(), HasSubstr("line 3: unknown tag"));
 }
 
 }  // namespace

@@ -1,0 +1,31 @@
+#include "router/prompt_source.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "engine/tokenizer_loader.h"
+
+namespace pdserve::router {
+
+absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
+  PromptSource source;
+  absl::StatusOr<engine::ModelConfig> config = engine::ModelConfig::FromModelDir(model_dir);
+  if (!config.ok()) return config.status();
+  source.config = *std::move(config);
+  // tokenizer.json when the model ships one, else the byte-level tokenizer.
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer = engine::LoadTokenizer(model_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  source.tokenizer = *std::move(tokenizer);
+  absl::StatusOr<engine::ChatTemplate> chat_template = engine::LoadChatTemplate(model_dir);
+  if (chat_template.ok()) {
+    source.chat_template = *std::move(chat_template);
+  } else if (absl::IsNotFound(chat_template.status())) {
+    PDSERVE_LOG(INFO) << model_dir << " has no chat template: chat requests are refused";
+  } else {
+    source.chat_unavailable = absl::StrCat("the model's chat template is not usable: ",
+                                           chat_template.status().message());
+    PDSERVE_LOG(WARNING) << source.chat_unavailable;
+  }
+  return source;
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,33 @@
+// What the router knows of the model to turn a request's input into prompt
+// tokens and generated tokens back into text: config.json (with
+// generation_config.json), the tokenizer and the chat template.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/chat_template.h"
+#include "engine/config.h"
+#include "engine/tokenizer.h"
+
+namespace pdserve::router {
+
+struct PromptSource {
+  engine::ModelConfig config;
+  std::unique_ptr<const engine::Tokenizer> tokenizer;  // never null once loaded
+  // The model's chat template; nullopt: chat input is refused with
+  // `chat_unavailable` as the reason.
+  std::optional<engine::ChatTemplate> chat_template;
+  std::string chat_unavailable = "the model has no chat template";
+
+  // Reads a Hugging Face model directory: ModelConfig::FromModelDir, then
+  // LoadTokenizer, then LoadChatTemplate. A missing or unusable chat template
+  // (outside the supported Jinja subset) is not an error: text and token ids
+  // are still served, and chat requests get the reason. Other failures are
+  // returned.
+  static absl::StatusOr<PromptSource> Load(const std::string& model_dir);
+};
+
+}  // namespace pdserve::router

@@ -12,7 +12,9 @@
 // special tokens, random code points), and requires identical ids
 // (add_special_tokens false and true) and identical decoded text (with and
 // without special tokens) for every string; then renders chat conversations
-// and requires identical text and ids to apply_chat_template. Prints
+// and requires identical text and ids to apply_chat_template (transformers.js;
+// where its Jinja cannot run a template, Python Jinja2 set up as Hugging Face
+// transformers sets it up: render_jinja2.py). Prints
 // "N passed, M failed" per check and exits 1 on any mismatch.
 //
 // Known differences between transformers.js and the Rust `tokenizers`
@@ -22,13 +24,14 @@
 // Unicode 14 (PCRE2 10.42's tables). Decoding is compared with
 // clean_up_tokenization_spaces=false: pdserve returns the bytes the tokens
 // stand for, as streaming needs.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { createRequire } from "node:module";
 
 const require = createRequire(import.meta.url);
+const scriptDir = path.dirname(new URL(import.meta.url).pathname);
 
 const args = process.argv.slice(2);
 const flags = Object.fromEntries(
@@ -352,38 +355,88 @@ async function checkTokenizer(name) {
   for (const f of failures.slice(0, 20)) console.log(f);
 
   // Chat templates.
+  const conversations = chats(name);
+  const chatResults = await cli.run(conversations);
+  // transformers.js renders what it can; the rest goes to Python Jinja2 run
+  // as transformers runs it (render_jinja2.py), the library that defines
+  // these templates' behaviour.
+  const wants = conversations.map((c) => {
+    const kwargs = { tokenize: false, add_generation_prompt: c.add_generation_prompt };
+    if (c.enable_thinking !== undefined) kwargs.enable_thinking = c.enable_thinking;
+    try {
+      return { text: ref.apply_chat_template(c.chat, kwargs), by: "js" };
+    } catch (e) {
+      return { jsError: String(e.message ?? e).split("\n")[0] };
+    }
+  });
+  const pending = wants.map((w, i) => (w.text === undefined ? i : -1)).filter((i) => i >= 0);
+  if (pending.length > 0) {
+    const config = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8"));
+    const tokenText = (t) => (t == null ? "" : typeof t === "string" ? t : t.content ?? "");
+    const requests = pending.map((i) => {
+      const c = conversations[i];
+      return {
+        template: config.chat_template,
+        bos_token: tokenText(config.bos_token),
+        eos_token: tokenText(config.eos_token),
+        messages: c.chat,
+        add_generation_prompt: c.add_generation_prompt,
+        kwargs: c.enable_thinking === undefined ? {} : { enable_thinking: c.enable_thinking },
+      };
+    });
+    const requestFile = path.join(workDir, `${name}-chat-requests.json`);
+    fs.writeFileSync(requestFile, JSON.stringify(requests));
+    const py = spawnSync("python3", [path.join(scriptDir, "render_jinja2.py"), requestFile], {
+      encoding: "utf8",
+    });
+    if (py.status === 0) {
+      JSON.parse(py.stdout).forEach((r, k) => {
+        const w = wants[pending[k]];
+        if (r.rendered !== undefined) Object.assign(w, { text: r.rendered, by: "jinja2" });
+        else w.refError = r.error;
+      });
+    } else {
+      const why = py.status === 77 ? "python3-jinja2 is not installed" : `render_jinja2.py: ${py.stderr}`;
+      for (const i of pending) wants[i].skip = `${wants[i].jsError}; ${why}`;
+    }
+  }
   let chatPassed = 0;
   let chatFailed = 0;
   let chatSkipped = 0;
+  let byJinja2 = 0;
   let skipReason = "";
-  const conversations = chats(name);
-  const chatResults = await cli.run(conversations);
   for (let i = 0; i < conversations.length; ++i) {
     const c = conversations[i];
-    const kwargs = { tokenize: false, add_generation_prompt: c.add_generation_prompt };
-    if (c.enable_thinking !== undefined) kwargs.enable_thinking = c.enable_thinking;
-    let want, wantIds;
-    try {
-      want = ref.apply_chat_template(c.chat, kwargs);
-      wantIds = ref.apply_chat_template(c.chat, { ...kwargs, tokenize: true });
-    } catch (e) {
-      // The reference's Jinja cannot run some templates (its @huggingface/jinja
-      // has no member access after a call, which Qwen3's uses); those are
-      // covered by golden strings in tests/unit/engine/chat_template_test.cc.
+    const w = wants[i];
+    const got = chatResults[i];
+    if (w.skip !== undefined) {
       ++chatSkipped;
-      skipReason = String(e.message ?? e).split("\n")[0];
+      skipReason = w.skip;
       continue;
     }
-    const got = chatResults[i];
-    if (got.rendered === want && same(got.ids, wantIds)) {
+    if (w.refError !== undefined) {
+      // The template itself raised: pdserve must refuse the conversation too.
+      if (got.error !== undefined) ++chatPassed;
+      else {
+        ++chatFailed;
+        console.log(`  chat ${show(c)}\n    got  ${show(got.rendered)}\n    want an error: ${show(w.refError)}`);
+      }
+      continue;
+    }
+    if (w.by === "jinja2") ++byJinja2;
+    // apply_chat_template(tokenize=true) is the rendered text encoded without
+    // added special tokens.
+    const wantIds = ref.encode(w.text, { add_special_tokens: false });
+    if (got.rendered === w.text && same(got.ids, wantIds)) {
       ++chatPassed;
     } else {
       ++chatFailed;
-      console.log(`  chat ${show(c)}\n    got  ${show(got.rendered ?? got.error)}\n    want ${show(want)}`);
+      console.log(`  chat ${show(c)}\n    got  ${show(got.rendered ?? got.error)}\n    want ${show(w.text)}`);
     }
   }
   console.log(`${name}: chat template: ${chatPassed} passed, ${chatFailed} failed` +
-    (chatSkipped > 0 ? `, ${chatSkipped} skipped (the reference cannot render it: ${skipReason})` : ""));
+    (byJinja2 > 0 ? ` (${byJinja2} against Python Jinja2)` : "") +
+    (chatSkipped > 0 ? `, ${chatSkipped} skipped (no reference could render it: ${skipReason})` : ""));
   await cli.close();
   return failed + chatFailed;
 }

@@ -17,7 +17,7 @@ fi
 
 work="$build/npm"
 mkdir -p "$work"
-cp "$src/package.json" "$src/package-lock.json" "$src/compare.mjs" "$work/"
+cp "$src/package.json" "$src/package-lock.json" "$src/compare.mjs" "$src/render_jinja2.py" "$work/"
 stamp="$work/node_modules/.pdserve-lock"
 # npm ci wipes node_modules; skip it while the installed tree matches the lock.
 if ! cmp -s "$src/package-lock.json" "$stamp"; then

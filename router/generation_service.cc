@@ -70,11 +70,13 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   const absl::Time arrival = absl::Now();
   if (draining_.load()) {
     metrics_->CountRejected("draining");
+    metrics_->CountFinished("rejected");
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is draining");
   }
   if (in_flight_.fetch_add(1) >= options_.max_in_flight) {
     in_flight_.fetch_sub(1);
     metrics_->CountRejected("capacity");
+    metrics_->CountFinished("rejected");
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("router at capacity: ", options_.max_in_flight, " requests in flight"));
   }

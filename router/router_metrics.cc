@@ -23,7 +23,7 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                                LatencyBuckets())),
       requests(prometheus::BuildCounter()
                    .Name("pdserve_requests_total")
-                   .Help("Finished requests by finish reason")
+                   .Help("Every request once, by how it ended: length, stop, context, cancelled, deadline, error, or rejected (see pdserve_requests_rejected_total for why)")
                    .Register(r)),
       prompt_tokens(prometheus::BuildCounter()
                         .Name("pdserve_prompt_tokens_total")

@@ -1,0 +1,28 @@
+// Runs a planned workload against a pdserve.v1.Generation server (the router
+// of a disaggregated cluster, or pdserve_colocated) and records every
+// request. Requests are sent at their planned times by a pool of
+// `concurrency` threads, one call each: when every thread is busy a request
+// waits for one (the concurrency cap), and its latencies count from when it
+// was actually sent.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/loadgen/stats.h"
+#include "bench/loadgen/workload.h"
+
+namespace pdserve::loadgen {
+
+struct RunOptions {
+  std::string target;          // host:port
+  int concurrency = 64;        // calls in flight at most
+  double warmup_s = 0;         // requests planned before this are not measured
+  double request_timeout_s = 300;
+  float temperature = 0;       // 0: greedy
+  bool progress = true;        // a line on stderr every 5 s
+};
+
+std::vector<RequestRecord> RunLoad(const std::vector<PlannedRequest>& plan, const RunOptions& options);
+
+}  // namespace pdserve::loadgen

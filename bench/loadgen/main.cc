@@ -1,0 +1,148 @@
+// pdserve_loadgen: a load generator for any pdserve.v1.Generation server (the
+// router of a disaggregated cluster, or pdserve_colocated). Plans the whole
+// workload from a seed (arrival times, prompt and output lengths, prompt
+// token ids), sends it, and reports TTFT, ITL, TPOT and E2E percentiles,
+// request and token throughput, failures by status code, and goodput under
+// TTFT and ITL SLOs, as a table and as JSON.
+//
+//   pdserve_loadgen --target=127.0.0.1:50051 --rate=4 --arrival=poisson
+//     --duration_s=60 --warmup_s=10 --concurrency=64
+//     --prompt_len=uniform:64:256 --output_len=normal:64:16:8:128
+//     --slo_ttft_s=1 --slo_itl_s=0.1 --seed=1 --json_out=run.json
+//
+// Every request sets ignore_eos, so it produces exactly its planned output
+// length unless it hits the model context. Exit status: 0 when the run
+// finished (whatever its failures), 2 for bad flags.
+#include <fstream>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "bench/loadgen/client.h"
+#include "bench/loadgen/stats.h"
+#include "bench/loadgen/workload.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Generation server (router or pdserve_colocated), host:port");
+ABSL_FLAG(std::string, arrival, "poisson", "Arrival process: poisson, fixed (constant rate) or burst (all at once)");
+ABSL_FLAG(double, rate, 1.0, "Requests per second (poisson, fixed)");
+ABSL_FLAG(double, duration_s, 60, "Requests are sent during this many seconds");
+ABSL_FLAG(int, max_requests, 0, "Send at most this many requests (0: no cap; burst needs it)");
+ABSL_FLAG(double, warmup_s, 5, "Requests planned in the first seconds are sent but not measured");
+ABSL_FLAG(int, concurrency, 64, "Calls in flight at most; a request waits for a free slot");
+ABSL_FLAG(std::string, prompt_len, "fixed:128",
+          "Prompt tokens: fixed:N, uniform:LO:HI or normal:MEAN:STD[:LO:HI] (clamped)");
+ABSL_FLAG(std::string, output_len, "fixed:64", "Output tokens (max_tokens, ignore_eos): as --prompt_len");
+ABSL_FLAG(int, vocab_size, 256, "Prompt token ids are drawn from [1, vocab_size)");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy)");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the workload (arrivals, lengths, token ids) and of each request's sampling");
+ABSL_FLAG(double, slo_ttft_s, 1.0, "Goodput: a request's TTFT must be within this");
+ABSL_FLAG(double, slo_itl_s, 0.1, "Goodput: a request's mean inter-token latency (TPOT) must be within this");
+ABSL_FLAG(double, request_timeout_s, 300, "Deadline of each call");
+ABSL_FLAG(std::string, label, "", "Name of the run in the table and the JSON");
+ABSL_FLAG(std::string, json_out, "", "Write the JSON report here (default: stdout after the table)");
+ABSL_FLAG(bool, progress, true, "Print progress to stderr every 5 s");
+ABSL_FLAG(std::string, markdown_out, "", "Append one Markdown table row (header first if the file is new) here");
+
+namespace pdserve::loadgen {
+namespace {
+
+int Main() {
+  WorkloadOptions workload;
+  auto arrival = ParseArrival(absl::GetFlag(FLAGS_arrival));
+  auto prompt_len = LengthDistribution::Parse(absl::GetFlag(FLAGS_prompt_len));
+  auto output_len = LengthDistribution::Parse(absl::GetFlag(FLAGS_output_len));
+  for (const absl::Status& s : {arrival.status(), prompt_len.status(), output_len.status()}) {
+    if (!s.ok()) {
+      std::cerr << s.message() << "\n";
+      return 2;
+    }
+  }
+  workload.arrival = *arrival;
+  workload.rate = absl::GetFlag(FLAGS_rate);
+  workload.duration_s = absl::GetFlag(FLAGS_duration_s);
+  workload.max_requests = absl::GetFlag(FLAGS_max_requests);
+  workload.prompt_len = *prompt_len;
+  workload.output_len = *output_len;
+  workload.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  workload.seed = absl::GetFlag(FLAGS_seed);
+  auto plan = PlanWorkload(workload);
+  if (!plan.ok()) {
+    std::cerr << plan.status().message() << "\n";
+    return 2;
+  }
+  if (plan->empty()) {
+    std::cerr << "the workload is empty: raise --rate or --duration_s\n";
+    return 2;
+  }
+  RunOptions run{.target = absl::GetFlag(FLAGS_target),
+                 .concurrency = absl::GetFlag(FLAGS_concurrency),
+                 .warmup_s = absl::GetFlag(FLAGS_warmup_s),
+                 .request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s),
+                 .temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
+                 .progress = absl::GetFlag(FLAGS_progress)};
+  if (run.concurrency < 1) {
+    std::cerr << "--concurrency must be >= 1\n";
+    return 2;
+  }
+  const Slo slo{.ttft_s = absl::GetFlag(FLAGS_slo_ttft_s), .itl_s = absl::GetFlag(FLAGS_slo_itl_s)};
+
+  std::cerr << "loadgen: " << plan->size() << " requests to " << run.target << " ("
+            << ArrivalName(workload.arrival) << ", " << workload.rate << " req/s, concurrency "
+            << run.concurrency << ")\n";
+  const std::string started = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
+  std::vector<RequestRecord> records = RunLoad(*plan, run);
+  const Summary summary = Summarize(records, slo);
+
+  const std::string label = absl::GetFlag(FLAGS_label).empty() ? run.target : absl::GetFlag(FLAGS_label);
+  std::cout << ToTable(summary, label);
+  nlohmann::json report = ToJson(summary);
+  report["label"] = label;
+  report["started_utc"] = started;
+  report["config"] = {{"target", run.target},
+                      {"arrival", ArrivalName(workload.arrival)},
+                      {"rate", workload.rate},
+                      {"duration_s", workload.duration_s},
+                      {"max_requests", workload.max_requests},
+                      {"warmup_s", run.warmup_s},
+                      {"concurrency", run.concurrency},
+                      {"prompt_len", workload.prompt_len.ToString()},
+                      {"output_len", workload.output_len.ToString()},
+                      {"temperature", run.temperature},
+                      {"seed", workload.seed}};
+  // The first few failures, to say why.
+  nlohmann::json errors = nlohmann::json::array();
+  for (const RequestRecord& r : records) {
+    if (!r.ok() && errors.size() < 5) errors.push_back({{"index", r.index}, {"code", StatusCodeName(r.status_code)},
+                                                        {"message", r.error}});
+  }
+  report["sample_errors"] = errors;
+  if (const std::string md = absl::GetFlag(FLAGS_markdown_out); !md.empty()) {
+    const bool fresh = !std::ifstream(md).good();
+    std::ofstream out(md, std::ios::app);
+    if (fresh) out << MarkdownHeader();
+    out << MarkdownRow(summary, label);
+  }
+  const std::string path = absl::GetFlag(FLAGS_json_out);
+  if (path.empty()) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    std::ofstream out(path);
+    out << report.dump(2) << "\n";
+    if (!out) {
+      std::cerr << "cannot write " << path << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve::loadgen
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Load generator for pdserve.v1.Generation servers");
+  absl::ParseCommandLine(argc, argv);
+  return pdserve::loadgen::Main();
+}

@@ -1,0 +1,131 @@
+// pdserve_colocated: one process that prefills and decodes on one model
+// runner (no router, no KV transfer), serving the same pdserve.v1.Generation
+// API as the router of a disaggregated cluster. The baseline of the serving
+// benchmark (docs/performance.md): same model, same API, same load generator.
+//
+//   pdserve_colocated --model_dir=DIR [--port=0] [--metrics_port=0] [--threads=0]
+//
+// Flags are read here only and turned into options once.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/metrics_server.h"
+#include "common/process.h"
+#include "decode_worker/colocated_engine.h"
+#include "decode_worker/colocated_metrics.h"
+#include "decode_worker/colocated_service.h"
+#include "engine/runner_factory.h"
+#include "router/prompt_source.h"
+#include "router/router_metrics.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
+ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
+ABSL_FLAG(std::string, worker_id, "colocated", "Name in the responses' timings (prefill_worker, decode_worker)");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
+ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
+ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
+ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
+ABSL_FLAG(int, max_running, 256, "Sequences in the decode batch at most");
+ABSL_FLAG(int, max_prefill_tokens, 4096, "Prompt tokens per prefill step");
+ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long in-flight streams may take to finish");
+ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace pdserve {
+namespace {
+
+int Main() {
+  LogLevel level;
+  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::cerr << "--log_level: unknown level\n";
+    return 2;
+  }
+  SetMinLogLevel(level);
+  if (absl::GetFlag(FLAGS_model_dir).empty()) {
+    std::cerr << "--model_dir is required\n";
+    return 2;
+  }
+  const std::string host = absl::GetFlag(FLAGS_host);
+  auto runner = engine::CreateModelRunner({.model_dir = absl::GetFlag(FLAGS_model_dir),
+                                           .backend = absl::GetFlag(FLAGS_backend),
+                                           .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
+                                           .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
+                                           .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                                           .num_threads = absl::GetFlag(FLAGS_threads)});
+  if (!runner.ok()) {
+    PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
+    return 1;
+  }
+  // As the router: config, tokenizer and chat template of the model.
+  absl::StatusOr<router::PromptSource> prompt_source =
+      router::PromptSource::Load(absl::GetFlag(FLAGS_model_dir));
+  if (!prompt_source.ok()) {
+    PDSERVE_LOG(ERROR) << prompt_source.status();
+    return 1;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  router::RouterMetrics client_metrics(*registry);
+  colocated::ColocatedMetrics engine_metrics(*registry);
+  auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
+  if (!metrics_server.ok()) {
+    PDSERVE_LOG(ERROR) << metrics_server.status();
+    return 1;
+  }
+
+  // Destroyed before the runner it uses.
+  auto engine = std::make_unique<colocated::ColocatedEngine>(
+      colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
+                                  .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
+                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting)},
+      runner->get(), &engine_metrics);
+  auto service = std::make_unique<colocated::ColocatedService>(engine.get(), &*prompt_source,
+                                                               &client_metrics, absl::GetFlag(FLAGS_worker_id));
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {service.get()});
+  if (!grpc_server.ok()) {
+    PDSERVE_LOG(ERROR) << grpc_server.status();
+    return 1;
+  }
+  const std::string address = JoinHostPort(host, grpc_server->port);
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
+    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
+                                    {{"grpc_address", address},
+                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
+                                     {"pid", absl::StrCat(getpid())}});
+    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
+  }
+  PDSERVE_LOG(INFO) << "colocated server on " << address << ", metrics on port " << (*metrics_server)->port()
+                    << ", " << (*runner)->num_kv_blocks() << " KV blocks";
+
+  const int sig = WaitForShutdownSignal();
+  PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
+  service->SetDraining(true);
+  SetServing(*grpc_server->server, false);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  while (absl::Now() < deadline && service->in_flight() > 0) absl::SleepFor(absl::Milliseconds(20));
+  // Cancels calls still open and waits for their handlers, which release the
+  // engine's streams before the engine goes.
+  grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  engine.reset();
+  PDSERVE_LOG(INFO) << "colocated server stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve
+
+int main(int argc, char** argv) {
+  pdserve::BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  return pdserve::Main();
+}

@@ -1,0 +1,30 @@
+#include "decode_worker/colocated_metrics.h"
+
+#include "common/metrics_server.h"
+
+namespace pdserve::colocated {
+namespace {
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                     const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+}  // namespace
+
+ColocatedMetrics::ColocatedMetrics(prometheus::Registry& r)
+    : waiting_sequences(MakeGauge(r, "pdserve_colocated_waiting_sequences", "Prompts waiting for prefill")),
+      running_sequences(MakeGauge(r, "pdserve_colocated_running_sequences", "Sequences in the decode batch")),
+      kv_cache_usage(MakeGauge(r, "pdserve_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use")),
+      prefill_step_seconds(MakeHistogram(r, "pdserve_colocated_prefill_step_seconds",
+                                         "Wall time of one prefill step", LatencyBuckets())),
+      decode_step_seconds(MakeHistogram(r, "pdserve_colocated_decode_step_seconds",
+                                        "Wall time of one decode step", TokenLatencyBuckets())),
+      prefill_steps(MakeCounter(r, "pdserve_colocated_prefill_steps_total", "Prefill steps run")),
+      decode_steps(MakeCounter(r, "pdserve_colocated_decode_steps_total", "Decode steps run")) {}
+
+}  // namespace pdserve::colocated

@@ -1,0 +1,26 @@
+// Prometheus metrics of the colocated engine (its scheduler's view). The
+// client-facing histograms (TTFT, ITL, E2E) are the router's, from
+// router/router_metrics.h, so the same dashboard panels read both setups.
+#pragma once
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace pdserve::colocated {
+
+struct ColocatedMetrics {
+  explicit ColocatedMetrics(prometheus::Registry& registry);
+
+  prometheus::Gauge& waiting_sequences;   // queued for prefill
+  prometheus::Gauge& running_sequences;   // in the decode batch
+  prometheus::Gauge& kv_cache_usage;      // pdserve_kv_cache_usage_ratio
+  prometheus::Histogram& prefill_step_seconds;
+  prometheus::Histogram& decode_step_seconds;
+  prometheus::Counter& prefill_steps;
+  prometheus::Counter& decode_steps;
+};
+
+}  // namespace pdserve::colocated

@@ -1,0 +1,272 @@
+// The colocated baseline (decode_worker/colocated_*, pdserve_colocated):
+// its step planner as a table of cases, then the real process on loopback:
+// generations equal the in-process engine token for token, concurrent
+// streams complete and free their KV, bad input is INVALID_ARGUMENT,
+// cancellation frees KV, and SIGTERM drains.
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "decode_worker/colocated_engine.h"
+#include "engine/generator.h"
+#include "engine/model_writer.h"
+#include "engine/runner_factory.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+
+namespace pdserve::testing {
+namespace {
+
+using colocated::ColocatedOptions;
+using colocated::PlanStep;
+using colocated::StepPlan;
+
+TEST(PlanStepTest, TableOfCases) {
+  const ColocatedOptions options{.max_running = 4, .max_prefill_tokens = 100, .max_waiting = 16};
+  struct Case {
+    const char* name;
+    std::vector<int> tokens, blocks;
+    int free_blocks, running;
+    StepPlan::Kind kind;
+    int num_prefill;
+  };
+  const std::vector<Case> cases = {
+      {"idle", {}, {}, 10, 0, StepPlan::Kind::kIdle, 0},
+      {"decode only", {}, {}, 10, 3, StepPlan::Kind::kDecode, 0},
+      {"prefill first", {10}, {1}, 10, 3, StepPlan::Kind::kPrefill, 1},
+      {"token budget", {60, 30, 20}, {1, 1, 1}, 10, 0, StepPlan::Kind::kPrefill, 2},
+      {"long head alone", {500, 10}, {9, 1}, 10, 0, StepPlan::Kind::kPrefill, 1},
+      {"running limit", {10, 10, 10}, {1, 1, 1}, 10, 2, StepPlan::Kind::kPrefill, 2},
+      {"running full: decode", {10}, {1}, 10, 4, StepPlan::Kind::kDecode, 0},
+      {"blocks short: decode", {10}, {5}, 4, 2, StepPlan::Kind::kDecode, 0},
+      {"no overtaking the head", {10, 10}, {5, 1}, 4, 1, StepPlan::Kind::kDecode, 0},
+      {"blocks for two of three", {10, 10, 10}, {2, 2, 2}, 5, 0, StepPlan::Kind::kPrefill, 2},
+  };
+  for (const Case& c : cases) {
+    const StepPlan plan = PlanStep(c.tokens, c.blocks, c.free_blocks, c.running, options);
+    EXPECT_EQ(plan.kind, c.kind) << c.name;
+    EXPECT_EQ(plan.num_prefill, c.num_prefill) << c.name;
+  }
+}
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse last;
+};
+
+StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = stub.Generate(&ctx, request);
+  StreamResult out;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.last = response;
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens) {
+  v1::GenerateRequest r;
+  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
+// True once `pid` (our child) has exited: a zombie until reaped. Polled, so
+// the caller can reap it with Subprocess::Stop without a second SIGTERM
+// (threads that the process's libraries start before main do not block
+// SIGTERM, so a second one kills a draining process).
+bool WaitUntilExited(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (!stat || paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z') return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+class ColocatedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    work_dir_ = ::testing::TempDir() + "/pdserve_colocated_test";
+    std::filesystem::remove_all(work_dir_);
+    std::filesystem::create_directories(work_dir_);
+    model_dir_ = work_dir_ + "/model";
+    engine::ModelConfig config = engine::DefaultDemoConfig();
+    config.max_position_embeddings = 512;
+    ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/3, "f32", model_dir_).ok());
+    const std::string ready = work_dir_ + "/colocated.ready";
+    ASSERT_TRUE(server_
+                    .Start({PDSERVE_COLOCATED_BIN, "--model_dir=" + model_dir_, "--threads=1",
+                            "--num_kv_blocks=256", "--ready_file=" + ready},
+                           work_dir_ + "/colocated.log")
+                    .ok());
+    auto fields = server_.WaitReady(ready, absl::Seconds(30));
+    ASSERT_TRUE(fields.ok()) << fields.status();
+    address_ = (*fields)["grpc_address"];
+    ASSERT_TRUE(absl::SimpleAtoi((*fields)["metrics_port"], &metrics_port_));
+    stub_ = v1::Generation::NewStub(MakeChannel(address_));
+  }
+
+  double Metric(const std::string& name) {
+    auto text = HttpGet(metrics_port_, "/metrics");
+    return text.ok() ? MetricValue(*text, name) : -1;
+  }
+  bool WaitIdle(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (Metric("pdserve_kv_cache_usage_ratio") == 0 && Metric("pdserve_colocated_running_sequences") == 0 &&
+          Metric("pdserve_colocated_waiting_sequences") == 0) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  std::string work_dir_, model_dir_, address_;
+  int metrics_port_ = 0;
+  Subprocess server_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+TEST_F(ColocatedTest, GenerationsEqualTheInProcessEngine) {
+  auto runner = engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {256, 72, 101, 108, 108, 111}, {1}, std::vector<int32_t>(40, 65), {300, 12, 250, 3, 99, 42, 7, 8}};
+  for (const auto& prompt : prompts) {
+    for (uint64_t seed : {0u, 7u}) {
+      engine::SamplingParams params;
+      params.max_tokens = 20;
+      if (seed != 0) {
+        params.temperature = 0.8f;
+        params.top_k = 40;
+        params.top_p = 0.9f;
+        params.seed = seed;
+      }
+      auto expected = engine::GenerateLocally(**runner, prompt, params);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      v1::GenerateRequest request = TokenRequest(prompt, 20);
+      if (seed != 0) {
+        request.mutable_sampling()->set_temperature(0.8f);
+        request.mutable_sampling()->set_top_k(40);
+        request.mutable_sampling()->set_top_p(0.9f);
+        request.mutable_sampling()->set_seed(seed);
+      }
+      StreamResult got = RunGenerate(*stub_, request);
+      ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+      EXPECT_EQ(got.tokens, expected->tokens) << prompt.size() << " tokens, seed " << seed;
+      EXPECT_EQ(static_cast<int>(got.last.finish_reason()), static_cast<int>(expected->finish_reason));
+      EXPECT_EQ(got.last.usage().completion_tokens(), static_cast<int>(got.tokens.size()));
+      EXPECT_EQ(got.last.timings().prefill_worker(), "colocated");
+      EXPECT_GT(got.last.timings().time_to_first_token_seconds(), 0);
+    }
+  }
+}
+
+TEST_F(ColocatedTest, ConcurrentStreamsCompleteAndFreeTheirKv) {
+  constexpr int kStreams = 12;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::Generation::NewStub(MakeChannel(address_));
+      v1::GenerateRequest request = TokenRequest(std::vector<int32_t>(8 + 9 * i, 60 + i), 30 + i);
+      request.mutable_sampling()->set_ignore_eos(true);
+      results[i] = RunGenerate(*stub, request);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(30 + i));
+    EXPECT_EQ(results[i].last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  }
+  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+  EXPECT_GE(Metric("pdserve_colocated_prefill_steps_total"), 1);
+  EXPECT_GE(Metric("pdserve_time_to_first_token_seconds_count"), kStreams);
+}
+
+TEST_F(ColocatedTest, BadInputIsInvalidArgument) {
+  for (const auto& request : {TokenRequest({}, 4), TokenRequest({1, 2}, 0), TokenRequest({1, 100000}, 4),
+                              TokenRequest(std::vector<int32_t>(500, 5), 100)}) {
+    StreamResult got = RunGenerate(*stub_, request);
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.status.error_message();
+    EXPECT_TRUE(got.tokens.empty());
+  }
+}
+
+TEST_F(ColocatedTest, CancelFreesKv) {
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest request = TokenRequest({256, 10, 20, 30, 40 + i}, 450);
+    request.mutable_sampling()->set_ignore_eos(true);
+    auto reader = stub_->Generate(&ctx, request);
+    v1::GenerateResponse response;
+    int received = 0;
+    while (received < 3 && reader->Read(&response)) ++received;
+    EXPECT_EQ(received, 3);
+    ctx.TryCancel();
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+}
+
+TEST_F(ColocatedTest, SigtermDrainsStreamsAndRefusesNewCalls) {
+  constexpr int kStreams = 3;
+  std::atomic<int> started{0};
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::Generation::NewStub(MakeChannel(address_));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      v1::GenerateRequest request = TokenRequest({256, 1, 2, 3, 4 + i}, 480);
+      request.mutable_sampling()->set_ignore_eos(true);
+      auto reader = stub->Generate(&ctx, request);
+      v1::GenerateResponse response;
+      while (reader->Read(&response)) {
+        if (results[i].tokens.empty()) started.fetch_add(1);
+        results[i].tokens.insert(results[i].tokens.end(), response.token_ids().begin(), response.token_ids().end());
+      }
+      results[i].status = reader->Finish();
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (started.load() < kStreams && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(started.load(), kStreams);
+  ASSERT_EQ(kill(server_.pid(), SIGTERM), 0);
+  grpc::Status refused;
+  for (int i = 0; i < 200; ++i) {
+    refused = RunGenerate(*stub_, TokenRequest({1, 2, 3}, 2)).status;
+    if (refused.error_code() == grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens.size(), 480u);
+  }
+  EXPECT_TRUE(WaitUntilExited(server_.pid(), absl::Seconds(15)));
+  EXPECT_EQ(server_.Stop(absl::Seconds(1)), 0) << server_.ReadLog();
+}
+
+}  // namespace
+}  // namespace pdserve::testing

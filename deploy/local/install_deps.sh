@@ -8,6 +8,15 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy python3-jinja2
+  # Deployment checks (tests/deploy, tests/integration/prometheus_test.cc):
+  # promtool and a Prometheus server (on systemd machines the package also
+  # enables a system service on :9090; the tests start their own process),
+  # kubectl for `kubectl kustomize` (any kubectl will do), node and npm for
+  # the offline Kubernetes schema validation.
+  prometheus
+  $(command -v kubectl >/dev/null || echo kubernetes-client)
+  $(command -v node >/dev/null || echo nodejs) $(command -v npm >/dev/null || echo npm)
   # Tokenizers: PCRE2 (split regexes) and ICU (NFC normalization).
   libpcre2-dev libicu-dev
 )

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Validates every Kubernetes object of both overlays offline with
+# validate_manifests.mjs (npm kubernetes-models and its KEDA and
+# prometheus-operator companions, pinned by package-lock.json and installed
+# with `npm ci` into NPM_DIR on first use). Where kubectl is absent the
+# overlays cannot be rendered: the base files are validated as written, and
+# the output says so. Exit 77 (skipped) where node or npm is absent.
+#   validate_manifests_test.sh SOURCE_DIR NPM_DIR
+set -euo pipefail
+src=$1 npm_dir=$2
+here="$src/tests/deploy"
+for tool in node npm; do
+  command -v "$tool" >/dev/null || { echo "SKIP: $tool not found (Debian: apt-get install nodejs npm)"; exit 77; }
+done
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' ||
+  { echo "SKIP: node $(node --version) is older than 18 (package.json engines)"; exit 77; }
+
+mkdir -p "$npm_dir"
+(
+  flock 9
+  if ! cmp -s "$here/package-lock.json" "$npm_dir/package-lock.json" || [ ! -d "$npm_dir/node_modules" ]; then
+    cp "$here/package.json" "$here/package-lock.json" "$npm_dir/"
+    echo "npm ci in $npm_dir"
+    (cd "$npm_dir" && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline --loglevel=error) ||
+      { rm -f "$npm_dir/package-lock.json"; echo "FAIL: npm ci (is the npm registry reachable?)"; exit 1; }
+  fi
+) 9> "$npm_dir/.lock"
+# ES modules resolve packages from the script's own directory.
+cp "$here/validate_manifests.mjs" "$npm_dir/"
+rules="$src/deploy/prometheus/pdserve.rules.yml"
+
+if command -v kubectl >/dev/null; then
+  for overlay in cpu gpu; do
+    kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$npm_dir/$overlay.yaml" 2> "$npm_dir/$overlay.err" ||
+      { cat "$npm_dir/$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
+    echo "== overlay $overlay (rendered by kubectl kustomize)"
+    node "$npm_dir/validate_manifests.mjs" --rules "$rules" "$npm_dir/$overlay.yaml"
+  done
+else
+  echo "== kubectl not found: validating the base files as written (overlay patches not applied)"
+  base="$src/deploy/k8s/base"
+  files=$(sed -n 's/^- \(.*\.yaml\)$/\1/p' "$base/kustomization.yaml")
+  (cd "$base" && node "$npm_dir/validate_manifests.mjs" --partial --rules "$rules" $files)
+fi

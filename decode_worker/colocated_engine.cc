@@ -8,23 +8,6 @@
 
 namespace pdserve::colocated {
 
-bool ColocatedStream::Next(absl::Duration timeout, std::vector<ColocatedOutput>* out) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (queue_.empty()) return false;
-  while (!queue_.empty()) {
-    out->push_back(std::move(queue_.front()));
-    queue_.pop_front();
-  }
-  return true;
-}
-
-void ColocatedStream::Push(ColocatedOutput output) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(output));
-}
-
 StepPlan PlanStep(const std::vector<int>& waiting_tokens, const std::vector<int>& waiting_blocks,
                   int free_blocks, int num_running, const ColocatedOptions& options) {
   StepPlan plan;
@@ -77,23 +60,9 @@ int ColocatedEngine::ReserveTokens(const Sequence& seq) const {
 
 absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedEngine::Submit(ColocatedRequest request) {
   const engine::ModelConfig& config = runner_->config();
-  const int prompt_len = static_cast<int>(request.prompt.size());
-  if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
-  for (int32_t t : request.prompt) {
-    if (t < 0 || t >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token_ids: ", t, " is outside [0, ", config.vocab_size, ")"));
-    }
-  }
-  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size); !s.ok()) {
+  if (absl::Status s = engine::ValidateGenerationRequest(request.prompt, request.sampling, config);
+      !s.ok()) {
     return s;
-  }
-  if (request.sampling.max_tokens < 1 ||
-      prompt_len + request.sampling.max_tokens > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling.max_tokens: prompt (", prompt_len, ") + max_tokens (",
-                     request.sampling.max_tokens, ") must fit the model context of ",
-                     config.max_position_embeddings));
   }
   Sequence seq;
   seq.request_id = std::move(request.request_id);
@@ -105,8 +74,8 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedEngine::Submit(Colocat
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("colocated server is shutting down");
   if (blocks_.BlocksForTokens(reserve) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt + max_tokens (", reserve + 1,
-                                                   " tokens) exceed the whole KV cache"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt + max_tokens (", reserve + 1, " tokens) exceed the whole KV cache"));
   }
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
@@ -244,7 +213,8 @@ void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
     }
     if (!status.ok()) {
       PDSERVE_LOG(ERROR) << "prefill step failed: " << status;
-      seq.stream->Push({.error = absl::InternalError(absl::StrCat("prefill failed: ", status.message()))});
+      seq.stream->Push(
+          {.error = absl::InternalError(absl::StrCat("prefill failed: ", status.message()))});
       FreeLocked(ids[i]);
       continue;
     }
@@ -267,7 +237,8 @@ void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
     absl::MutexLock lock(&mu_);
     for (engine::SeqId id : ids) {
       const Sequence& seq = seqs_.at(id);
-      batch.push_back({.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
+      batch.push_back(
+          {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
       seqs.push_back(&seq);
     }
   }
@@ -280,7 +251,8 @@ void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
     const size_t vocab = static_cast<size_t>(config.vocab_size);
     std::vector<float> scratch;
     for (size_t i = 0; i < ids.size(); ++i) {
-      sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab), seqs[i]->sampling,
+      sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                  seqs[i]->sampling,
                                   {.prompt = seqs[i]->prompt, .generated = seqs[i]->generated},
                                   config.eos_token_ids, scratch)
                        .token;
@@ -299,7 +271,8 @@ void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
     }
     if (!status.ok()) {
       PDSERVE_LOG(ERROR) << "decode step failed: " << status;
-      seq.stream->Push({.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
+      seq.stream->Push(
+          {.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
       FreeLocked(ids[i]);
       continue;
     }
@@ -308,12 +281,14 @@ void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
   }
 }
 
-void ColocatedEngine::ApplyTokenLocked(engine::SeqId id, Sequence& seq, int32_t token, double queue_seconds) {
+void ColocatedEngine::ApplyTokenLocked(engine::SeqId id, Sequence& seq, int32_t token,
+                                       double queue_seconds) {
   seq.generated.push_back(token);
   seq.last_token = token;
   const int generated = static_cast<int>(seq.generated.size());
-  const engine::FinishReason reason = engine::CheckFinish(
-      runner_->config(), seq.sampling, token, generated, static_cast<int>(seq.prompt.size()) + generated);
+  const engine::FinishReason reason =
+      engine::CheckFinish(runner_->config(), seq.sampling, token, generated,
+                          static_cast<int>(seq.prompt.size()) + generated);
   ColocatedOutput out{.tokens = {token}, .queue_seconds = queue_seconds};
   if (reason != engine::FinishReason::kNone) {
     out.finished = true;

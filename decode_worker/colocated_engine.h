@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/output_queue.h"
 #include "absl/time/time.h"
 #include "decode_worker/colocated_metrics.h"
 #include "engine/block_manager.h"
@@ -53,20 +54,13 @@ struct ColocatedOutput {
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
-class ColocatedStream {
+class ColocatedStream : public OutputQueue<ColocatedOutput> {
  public:
   explicit ColocatedStream(engine::SeqId seq) : seq_(seq) {}
   engine::SeqId seq() const { return seq_; }
 
-  // Moves everything queued into `out`; waits up to `timeout` when empty.
-  // Returns false if nothing arrived.
-  bool Next(absl::Duration timeout, std::vector<ColocatedOutput>* out);
-  void Push(ColocatedOutput output);
-
  private:
   const engine::SeqId seq_;
-  absl::Mutex mu_;
-  std::deque<ColocatedOutput> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 struct ColocatedOptions {

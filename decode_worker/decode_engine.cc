@@ -28,23 +28,6 @@ kvtransfer::TransferSpec BaseSpec(const engine::ModelRunner& runner) {
 
 }  // namespace
 
-bool DecodeStream::Next(absl::Duration timeout, std::vector<DecodeOutput>* out) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (queue_.empty()) return false;
-  while (!queue_.empty()) {
-    out->push_back(std::move(queue_.front()));
-    queue_.pop_front();
-  }
-  return true;
-}
-
-void DecodeStream::Push(DecodeOutput output) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(output));
-}
-
 // Receives one request's KV straight into its reserved blocks.
 class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
  public:
@@ -108,22 +91,11 @@ DecodeEngine::~DecodeEngine() {
 
 absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest request) {
   const engine::ModelConfig& config = runner_->config();
-  const int prompt_len = static_cast<int>(request.prompt.size());
-  if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
-  for (int32_t t : request.prompt) {
-    if (t < 0 || t >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_token_ids: token ", t, " outside [0, ", config.vocab_size, ")"));
-    }
-  }
-  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size); !s.ok()) {
+  if (absl::Status s = engine::ValidateGenerationRequest(request.prompt, request.sampling, config);
+      !s.ok()) {
     return s;
   }
-  if (prompt_len + request.sampling.max_tokens > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt (", prompt_len, ") + max_tokens (", request.sampling.max_tokens,
-                     ") exceeds the model context of ", config.max_position_embeddings));
-  }
+  const int prompt_len = static_cast<int>(request.prompt.size());
 
   // The last generated token never enters the cache.
   const int reserve_tokens = prompt_len + request.sampling.max_tokens - 1;
@@ -140,7 +112,8 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     const engine::SeqId id = next_seq_++;
     if (absl::Status s = blocks_.Allocate(id, reserve_tokens); !s.ok()) {
       metrics_->requests_rejected.Increment();
-      return absl::ResourceExhaustedError(absl::StrCat("decode worker KV cache full: ", s.message()));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("decode worker KV cache full: ", s.message()));
     }
     const auto span = blocks_.BlockTable(id);
     table.assign(span.begin(), span.end());
@@ -212,7 +185,8 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   }
   const int32_t token = *first_token;
   if (token < 0 || token >= runner_->config().vocab_size) {
-    seq.stream->Push({.error = absl::InternalError(absl::StrCat("first token ", token, " out of range"))});
+    seq.stream->Push(
+        {.error = absl::InternalError(absl::StrCat("first token ", token, " out of range"))});
     FreeLocked(id);
     return;
   }
@@ -281,8 +255,8 @@ void DecodeEngine::Loop() {
         seq.in_step = true;
         ids.push_back(id);
         batch_seqs.push_back(&seq);
-        batch.push_back({.token = seq.last_token, .position = seq.position,
-                         .block_table = seq.block_table});
+        batch.push_back(
+            {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
         kv_tokens += seq.position + 1;
       }
     }
@@ -296,9 +270,9 @@ void DecodeEngine::Loop() {
       const size_t vocab = static_cast<size_t>(config.vocab_size);
       for (size_t i = 0; i < batch.size(); ++i) {
         const Sequence& seq = *batch_seqs[i];
-        sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                    seq.sampling, {.prompt = seq.prompt, .generated = seq.generated},
-                                    config.eos_token_ids, scratch);
+        sampled[i] = engine::Sample(
+            std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
+            {.prompt = seq.prompt, .generated = seq.generated}, config.eos_token_ids, scratch);
       }
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -322,7 +296,8 @@ void DecodeEngine::Loop() {
       }
       if (!status.ok()) {
         PDSERVE_LOG(ERROR) << "decode step failed: " << status;
-        seq.stream->Push({.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
+        seq.stream->Push(
+            {.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
         FreeLocked(ids[i]);
         continue;
       }

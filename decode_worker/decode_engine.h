@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/output_queue.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/block_manager.h"
 #include "engine/finish.h"
@@ -47,23 +48,16 @@ struct DecodeOutput {
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
-class DecodeStream {
+class DecodeStream : public OutputQueue<DecodeOutput> {
  public:
   DecodeStream(engine::SeqId seq, kvtransfer::TransferId transfer_id)
       : seq_(seq), transfer_id_(transfer_id) {}
   engine::SeqId seq() const { return seq_; }
   kvtransfer::TransferId transfer_id() const { return transfer_id_; }
 
-  // Moves everything queued into `out`; waits up to `timeout` when empty.
-  // Returns false if nothing arrived.
-  bool Next(absl::Duration timeout, std::vector<DecodeOutput>* out);
-  void Push(DecodeOutput output);
-
  private:
   const engine::SeqId seq_;
   const kvtransfer::TransferId transfer_id_;
-  absl::Mutex mu_;
-  std::deque<DecodeOutput> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 struct DecodeEngineOptions {

@@ -163,7 +163,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {  // catches NaN
     return FieldError("top_p", "(0, 1]", params.top_p);
   }
-  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) return FieldError("min_p", "[0, 1]", params.min_p);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f))
+    return FieldError("min_p", "[0, 1]", params.min_p);
   if (!(params.repetition_penalty > 0.0f && params.repetition_penalty <= 10.0f)) {
     return FieldError("repetition_penalty", "(0, 10]", params.repetition_penalty);
   }
@@ -188,6 +189,28 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
     if (id < 0 || id >= vocab_size) {
       return FieldError("stop_token_ids", absl::StrCat("[0, ", vocab_size, ")"), id);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt,
+                                       const SamplingParams& params, const ModelConfig& config) {
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids: token ", t, " outside [0, ", config.vocab_size, ")"));
+    }
+  }
+  if (absl::Status s = ValidateSamplingParams(params, config.vocab_size); !s.ok()) return s;
+  if (params.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.max_tokens must be >= 1, got ", params.max_tokens));
+  }
+  if (static_cast<int64_t>(prompt.size()) + params.max_tokens > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.max_tokens: prompt (", prompt.size(), ") + max_tokens (", params.max_tokens,
+        ") exceeds the model context of ", config.max_position_embeddings));
   }
   return absl::OkStatus();
 }
@@ -321,7 +344,8 @@ void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params
     }
     for (int32_t t : history.generated) {
       if (t < 0 || t >= vocab || counts[t] == 0) continue;
-      logits[t] -= params.presence_penalty + params.frequency_penalty * static_cast<float>(counts[t]);
+      logits[t] -=
+          params.presence_penalty + params.frequency_penalty * static_cast<float>(counts[t]);
       counts[t] = 0;  // once per distinct token
     }
   }

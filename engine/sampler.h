@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/config.h"
 
 namespace pdserve::engine {
 
@@ -57,6 +58,13 @@ struct SampledToken {
 
 // INVALID_ARGUMENT naming the field for out-of-range values.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
+
+// Checks a tokenized generation request against the model, as workers do on
+// admission: a non-empty prompt of ids in [0, vocab_size), valid sampling
+// parameters, and prompt + max_tokens within the context. INVALID_ARGUMENT
+// naming the field.
+absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt, const SamplingParams& params,
+                                       const ModelConfig& config);
 
 // Samples the `step`-th generated token (0 = first) from `logits` as they
 // are (no penalties): temperature, top-k, min-p, top-p.

@@ -254,5 +254,37 @@ TEST(SamplerTest, ValidationNamesTheField) {
   }
 }
 
+TEST(ValidateGenerationRequestTest, ChecksPromptSamplingAndContextNamingTheField) {
+  ModelConfig config;
+  config.vocab_size = 100;
+  config.max_position_embeddings = 16;
+  SamplingParams params;
+  params.max_tokens = 6;
+  const std::vector<int32_t> ten(10, 7);
+  EXPECT_TRUE(ValidateGenerationRequest(ten, params, config).ok());  // 10 + 6 = 16 fits
+  struct Case {
+    std::vector<int32_t> prompt;
+    int max_tokens;
+    float temperature;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {{}, 4, 0.0f, "prompt_token_ids is empty"},
+      {{1, 100}, 4, 0.0f, "prompt_token_ids: token 100"},
+      {{1, -1}, 4, 0.0f, "prompt_token_ids: token -1"},
+      {ten, 0, 0.0f, "max_tokens must be >= 1"},
+      {ten, 7, 0.0f, "exceeds the model context of 16"},
+      {ten, 4, -1.0f, "temperature"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    p.max_tokens = c.max_tokens;
+    p.temperature = c.temperature;
+    const absl::Status st = ValidateGenerationRequest(c.prompt, p, config);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(st.message().find(c.field), absl::string_view::npos) << st;
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::engine

@@ -24,11 +24,13 @@
 #include "router/prompt_source.h"
 #include "router/router_metrics.h"
 
-ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
+ABSL_FLAG(std::string, model_dir, "",
+          "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
-ABSL_FLAG(std::string, worker_id, "colocated", "Name in the responses' timings (prefill_worker, decode_worker)");
+ABSL_FLAG(std::string, worker_id, "colocated",
+          "Name in the responses' timings (prefill_worker, decode_worker)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
@@ -37,7 +39,8 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences in the decode batch at most");
 ABSL_FLAG(int, max_prefill_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long in-flight streams may take to finish");
+ABSL_FLAG(int, drain_timeout_ms, 30000,
+          "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
@@ -45,12 +48,7 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  LogLevel level;
-  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    std::cerr << "--log_level: unknown level\n";
-    return 2;
-  }
-  SetMinLogLevel(level);
+  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
@@ -89,30 +87,25 @@ int Main() {
                                   .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
                                   .max_waiting = absl::GetFlag(FLAGS_max_waiting)},
       runner->get(), &engine_metrics);
-  auto service = std::make_unique<colocated::ColocatedService>(engine.get(), &*prompt_source,
-                                                               &client_metrics, absl::GetFlag(FLAGS_worker_id));
+  auto service = std::make_unique<colocated::ColocatedService>(
+      engine.get(), &*prompt_source, &client_metrics, absl::GetFlag(FLAGS_worker_id));
   auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {service.get()});
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
-    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
-                                    {{"grpc_address", address},
-                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
-                                     {"pid", absl::StrCat(getpid())}});
-    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
-  }
-  PDSERVE_LOG(INFO) << "colocated server on " << address << ", metrics on port " << (*metrics_server)->port()
-                    << ", " << (*runner)->num_kv_blocks() << " KV blocks";
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
+  PDSERVE_LOG(INFO) << "colocated server on " << address << ", metrics on port "
+                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
+                    << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
   service->SetDraining(true);
   SetServing(*grpc_server->server, false);
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
-  while (absl::Now() < deadline && service->in_flight() > 0) absl::SleepFor(absl::Milliseconds(20));
+  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
+                [&] { return service->in_flight() == 0; });
   // Cancels calls still open and waits for their handlers, which release the
   // engine's streams before the engine goes.
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

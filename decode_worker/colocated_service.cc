@@ -11,17 +11,22 @@ namespace {
 
 std::string FinishLabel(engine::FinishReason reason) {
   switch (reason) {
-    case engine::FinishReason::kLength: return "length";
-    case engine::FinishReason::kStop: return "stop";
-    case engine::FinishReason::kContext: return "context";
-    case engine::FinishReason::kNone: return "unknown";
+    case engine::FinishReason::kLength:
+      return "length";
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kContext:
+      return "context";
+    case engine::FinishReason::kNone:
+      return "unknown";
   }
   return "unknown";
 }
 
 }  // namespace
 
-ColocatedService::ColocatedService(ColocatedEngine* engine, const router::PromptSource* prompt_source,
+ColocatedService::ColocatedService(ColocatedEngine* engine,
+                                   const router::PromptSource* prompt_source,
                                    router::RouterMetrics* metrics, std::string worker_id)
     : engine_(engine),
       prompt_source_(prompt_source),
@@ -29,7 +34,8 @@ ColocatedService::ColocatedService(ColocatedEngine* engine, const router::Prompt
       worker_id_(std::move(worker_id)),
       seed_counter_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {}
 
-grpc::Status ColocatedService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+grpc::Status ColocatedService::Generate(grpc::ServerContext* context,
+                                        const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
   if (draining_.load()) {
@@ -43,19 +49,15 @@ grpc::Status ColocatedService::Generate(grpc::ServerContext* context, const v1::
   grpc::Status status = Serve(context, *request, writer, arrival, &finish_label);
   metrics_->in_flight.Decrement();
   in_flight_.fetch_sub(1);
-  if (!finish_label.empty()) {
-    metrics_->CountFinished(finish_label);
-  } else if (!status.ok()) {
-    metrics_->CountFinished(context->IsCancelled() ? "cancelled"
-                            : status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "deadline"
-                                                                                          : "error");
-  }
+  metrics_->CountEnded(finish_label, !status.ok(), context->IsCancelled(),
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   return status;
 }
 
-grpc::Status ColocatedService::Serve(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                                     grpc::ServerWriter<v1::GenerateResponse>* writer, absl::Time arrival,
-                                     std::string* finish_label) {
+grpc::Status ColocatedService::Serve(grpc::ServerContext* context,
+                                     const v1::GenerateRequest& request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer,
+                                     absl::Time arrival, std::string* finish_label) {
   absl::StatusOr<router::ValidatedRequest> req = router::ValidateRequest(
       request, *prompt_source_, arrival, seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
   if (!req.ok()) {
@@ -73,11 +75,12 @@ grpc::Status ColocatedService::Serve(grpc::ServerContext* context, const v1::Gen
   }
   const int prompt_len = static_cast<int>(req->prompt.size());
   const std::string rid = req->request_id;
-  absl::StatusOr<std::shared_ptr<ColocatedStream>> stream = engine_->Submit(
-      ColocatedRequest{.request_id = rid, .prompt = std::move(req->prompt), .sampling = std::move(req->sampling)});
+  absl::StatusOr<std::shared_ptr<ColocatedStream>> stream = engine_->Submit(ColocatedRequest{
+      .request_id = rid, .prompt = std::move(req->prompt), .sampling = std::move(req->sampling)});
   if (!stream.ok()) {
-    metrics_->CountRejected(stream.status().code() == absl::StatusCode::kResourceExhausted ? "resource_exhausted"
-                                                                                            : "invalid_argument");
+    metrics_->CountRejected(stream.status().code() == absl::StatusCode::kResourceExhausted
+                                ? "resource_exhausted"
+                                : "invalid_argument");
     *finish_label = "rejected";
     return ToGrpcStatus(stream.status());
   }

@@ -21,13 +21,15 @@
 #include "engine/runner_factory.h"
 #include "kvtransfer/transport_factory.h"
 
-ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
+ABSL_FLAG(std::string, model_dir, "",
+          "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, metrics and KV servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
 ABSL_FLAG(int, kv_port, 0, "KV receiver port (0: any free port)");
-ABSL_FLAG(std::string, router, "", "Router address (host:port) to register with; empty: do not register");
+ABSL_FLAG(std::string, router, "",
+          "Router address (host:port) to register with; empty: do not register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default decode-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
@@ -36,7 +38,8 @@ ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
-ABSL_FLAG(double, peak_memory_bandwidth, 0, "Peak memory bandwidth in bytes/s for the utilisation gauge");
+ABSL_FLAG(double, peak_memory_bandwidth, 0,
+          "Peak memory bandwidth in bytes/s for the utilisation gauge");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -45,12 +48,7 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  LogLevel level;
-  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    std::cerr << "--log_level: unknown level\n";
-    return 2;
-  }
-  SetMinLogLevel(level);
+  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
@@ -88,8 +86,8 @@ int Main() {
       .kv_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_timeout_ms)),
       .peak_memory_bandwidth = absl::GetFlag(FLAGS_peak_memory_bandwidth)};
   // Destroyed before the receiver and the runner it uses.
-  auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(), receiver->get(),
-                                                       &metrics);
+  auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
+                                                       receiver->get(), &metrics);
   decode::DecodeService service(engine.get());
   auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
   if (!grpc_server.ok()) {
@@ -110,8 +108,8 @@ int Main() {
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
-    registrar = std::make_unique<WorkerRegistrar>(
-        absl::GetFlag(FLAGS_router), info, [&engine, &service] {
+    registrar =
+        std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
           decode::DecodeLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_running_sequences(load.running + load.waiting_kv);
@@ -122,14 +120,8 @@ int Main() {
         });
   }
 
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
-    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
-                                    {{"grpc_address", address},
-                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
-                                     {"kv_endpoint", engine->kv_endpoint()},
-                                     {"pid", absl::StrCat(getpid())}});
-    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
-  }
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
+                {{"kv_endpoint", engine->kv_endpoint()}});
   PDSERVE_LOG(INFO) << "decode worker " << worker_id << " serving on " << address << ", KV on "
                     << engine->kv_endpoint() << ", metrics on port " << (*metrics_server)->port()
                     << ", " << (*runner)->num_kv_blocks() << " KV blocks";
@@ -139,12 +131,10 @@ int Main() {
   service.SetDraining(true);
   SetServing(*grpc_server->server, false);
   if (registrar) registrar->Poke();
-  const absl::Time drain_deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
-  while (absl::Now() < drain_deadline) {
-    decode::DecodeLoad load = engine->load();
-    if (load.running + load.waiting_kv == 0) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)), [&] {
+    const decode::DecodeLoad load = engine->load();
+    return load.running + load.waiting_kv == 0;
+  });
   registrar.reset();
   // Cancels calls still open after the deadline and waits for their handlers,
   // which release the engine's streams before the engine goes.

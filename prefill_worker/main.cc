@@ -21,16 +21,19 @@
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
 
-ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
+ABSL_FLAG(std::string, model_dir, "",
+          "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
-ABSL_FLAG(std::string, router, "", "Router address (host:port) to register with; empty: do not register");
+ABSL_FLAG(std::string, router, "",
+          "Router address (host:port) to register with; empty: do not register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
-ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "Bytes of KV cache for prompts being prefilled");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
+          "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill batch");
@@ -44,12 +47,7 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  LogLevel level;
-  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    std::cerr << "--log_level: unknown level\n";
-    return 2;
-  }
-  SetMinLogLevel(level);
+  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
@@ -106,8 +104,8 @@ int Main() {
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
-    registrar = std::make_unique<WorkerRegistrar>(
-        absl::GetFlag(FLAGS_router), info, [&engine, &service] {
+    registrar =
+        std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
           prefill::PrefillLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_queued_prompt_tokens(load.queued_tokens);
@@ -117,13 +115,7 @@ int Main() {
         });
   }
 
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
-    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
-                                    {{"grpc_address", address},
-                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
-                                     {"pid", absl::StrCat(getpid())}});
-    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
-  }
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
   PDSERVE_LOG(INFO) << "prefill worker " << worker_id << " serving on " << address
                     << ", metrics on port " << (*metrics_server)->port();
 
@@ -132,10 +124,8 @@ int Main() {
   service.SetDraining(true);
   SetServing(*grpc_server->server, false);
   if (registrar) registrar->Poke();
-  const absl::Time drain_deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
-  while (absl::Now() < drain_deadline && engine->load().queued_requests > 0) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
+                [&] { return engine->load().queued_requests == 0; });
   registrar.reset();
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   engine.reset();

@@ -15,19 +15,27 @@ namespace {
 
 std::string FinishLabel(int reason) {
   switch (static_cast<v1::FinishReason>(reason)) {
-    case v1::FINISH_REASON_LENGTH: return "length";
-    case v1::FINISH_REASON_STOP: return "stop";
-    case v1::FINISH_REASON_CONTEXT: return "context";
-    default: return "unknown";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_CONTEXT:
+      return "context";
+    default:
+      return "unknown";
   }
 }
 
 std::string RejectLabel(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::INVALID_ARGUMENT: return "invalid_argument";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "resource_exhausted";
-    case grpc::StatusCode::UNAVAILABLE: return "unavailable";
-    default: return "other";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "invalid_argument";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "resource_exhausted";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "unavailable";
+    default:
+      return "other";
   }
 }
 
@@ -77,30 +85,26 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
     in_flight_.fetch_sub(1);
     metrics_->CountRejected("capacity");
     metrics_->CountFinished("rejected");
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("router at capacity: ", options_.max_in_flight, " requests in flight"));
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("router at capacity: ", options_.max_in_flight, " requests in flight"));
   }
   metrics_->in_flight.Increment();
   std::string finish_label;
   grpc::Status status = Serve(context, *request, writer, arrival, &finish_label);
   metrics_->in_flight.Decrement();
   in_flight_.fetch_sub(1);
-  if (!finish_label.empty()) {
-    metrics_->CountFinished(finish_label);
-  } else if (!status.ok()) {
-    metrics_->CountFinished(context->IsCancelled() ? "cancelled"
-                            : status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "deadline"
-                                                                                          : "error");
-  }
+  metrics_->CountEnded(finish_label, !status.ok(), context->IsCancelled(),
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   return status;
 }
 
-grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::GenerateRequest& request,
+grpc::Status GenerationService::Serve(grpc::ServerContext* context,
+                                      const v1::GenerateRequest& request,
                                       grpc::ServerWriter<v1::GenerateResponse>* writer,
                                       absl::Time arrival, std::string* finish_label) {
-  absl::StatusOr<ValidatedRequest> req =
-      ValidateRequest(request, *prompt_source_, arrival,
-                      seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
+  absl::StatusOr<ValidatedRequest> req = ValidateRequest(
+      request, *prompt_source_, arrival, seed_counter_.fetch_add(0x9E3779B97F4A7C15ull));
   if (!req.ok()) {
     metrics_->CountRejected("invalid_argument");
     *finish_label = "rejected";
@@ -134,10 +138,12 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
     const bool got_event = decode_stream->Read(&event);
     if (got_event && event.has_reserved()) break;
     // A refusal ends the stream with the worker's status; anything else is cut.
-    grpc::Status s = got_event ? CancelAndFinish(*decode_ctx, *decode_stream) : decode_stream->Finish();
+    grpc::Status s =
+        got_event ? CancelAndFinish(*decode_ctx, *decode_stream) : decode_stream->Finish();
     registry_->AddOutstanding(decode_worker.id, -1, 0);
     decode_stream.reset();
-    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    if (context->IsCancelled())
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       metrics_->CountRejected("invalid_argument");
       *finish_label = "rejected";
@@ -145,15 +151,16 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
     }
     PDSERVE_LOG(DEBUG) << "decode worker " << decode_worker.id << " refused " << rid << ": "
                        << s.error_message();
-    last_refusal = s.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "decode worker sent no reservation") : s;
+    last_refusal =
+        s.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "decode worker sent no reservation") : s;
   }
   if (!decode_stream) {
     const bool none = tried.empty();
     metrics_->CountRejected(none ? "no_decode_worker" : RejectLabel(last_refusal.error_code()));
     *finish_label = "rejected";
     if (none) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live decode worker");
-    return grpc::Status(last_refusal.error_code(),
-                        absl::StrCat("every decode worker refused: ", last_refusal.error_message()));
+    return grpc::Status(last_refusal.error_code(), absl::StrCat("every decode worker refused: ",
+                                                                last_refusal.error_message()));
   }
   // Released on every path below.
   struct DecodeOutstanding {
@@ -187,7 +194,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
   registry_->AddOutstanding(prefill_worker.id, -1, -prompt_len);
   if (!prefill_status.ok()) {
     CancelAndFinish(*decode_ctx, *decode_stream);
-    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    if (context->IsCancelled())
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     PDSERVE_LOG(WARNING) << "request " << rid << ": prefill on " << prefill_worker.id
                          << " failed: " << prefill_status.error_message();
     return grpc::Status(prefill_status.error_code(),
@@ -201,7 +209,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
   StopMatcher stops(req->stop_strings);
   const bool want_logprobs = req->sampling.logprobs >= 0;
   metrics_->prompt_tokens.Increment(prompt_len);
-  const double queue_seconds = absl::ToDoubleSeconds(dispatch - arrival) + prefill_result.queue_seconds();
+  const double queue_seconds =
+      absl::ToDoubleSeconds(dispatch - arrival) + prefill_result.queue_seconds();
   metrics_->queue_time.Observe(queue_seconds);
   int completion_tokens = 0;
   absl::Time first_token_time, last_token_time;
@@ -220,7 +229,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
         v1::TokenLogprob* lp = delta.add_logprobs();
         lp->set_token_id(ids[i]);
         lp->set_logprob(logprobs[i].logprob());
-        for (int k = 0; k < logprobs[i].top_ids_size() && k < logprobs[i].top_logprobs_size(); ++k) {
+        for (int k = 0; k < logprobs[i].top_ids_size() && k < logprobs[i].top_logprobs_size();
+             ++k) {
           v1::TopLogprob* top = lp->add_top();
           top->set_token_id(logprobs[i].top_ids(k));
           top->set_logprob(logprobs[i].top_logprobs(k));
@@ -293,7 +303,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
     if (event.has_tokens()) {
       const auto& ids = event.tokens().token_ids();
       const auto& lps = event.tokens().logprobs();
-      if (!send_tokens(std::span<const int32_t>(ids.data(), static_cast<size_t>(ids.size())), lps)) {
+      if (!send_tokens(std::span<const int32_t>(ids.data(), static_cast<size_t>(ids.size())),
+                       lps)) {
         CancelAndFinish(*decode_ctx, *decode_stream);
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }
@@ -308,7 +319,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const v1::Ge
     }
   }
   grpc::Status s = decode_stream->Finish();
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (context->IsCancelled())
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
   if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "decode stream ended without finishing");
   PDSERVE_LOG(WARNING) << "request " << rid << ": decode on " << decode_worker.id
                        << " failed: " << s.error_message();

@@ -16,8 +16,8 @@
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/request_validation.h"
-#include "router/routing_policy.h"
 #include "router/router_metrics.h"
+#include "router/routing_policy.h"
 #include "router/worker_registry.h"
 
 namespace pdserve::router {
@@ -29,8 +29,8 @@ struct GenerationOptions {
 class GenerationService final : public v1::Generation::Service {
  public:
   // Every pointer must outlive the service.
-  GenerationService(GenerationOptions options, const PromptSource* prompt_source, WorkerRegistry* registry,
-                    const RoutingPolicy* policy, RouterMetrics* metrics);
+  GenerationService(GenerationOptions options, const PromptSource* prompt_source,
+                    WorkerRegistry* registry, const RoutingPolicy* policy, RouterMetrics* metrics);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;

@@ -31,7 +31,8 @@ ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXH
 ABSL_FLAG(std::string, routing_policy, "least_loaded", "Routing policy");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
-ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long in-flight streams may take to finish");
+ABSL_FLAG(int, drain_timeout_ms, 30000,
+          "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
@@ -39,12 +40,7 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  LogLevel level;
-  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    std::cerr << "--log_level: unknown level\n";
-    return 2;
-  }
-  SetMinLogLevel(level);
+  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
@@ -71,12 +67,13 @@ int Main() {
   }
 
   router::WorkerRegistry workers(absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
-  router::RegistryService registry_service(&workers,
-                                           absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
+  router::RegistryService registry_service(
+      &workers, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
   router::GenerationService generation(
-      router::GenerationOptions{.max_in_flight = absl::GetFlag(FLAGS_max_in_flight)}, &*prompt_source,
-      &workers, policy->get(), &metrics);
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation, &registry_service});
+      router::GenerationOptions{.max_in_flight = absl::GetFlag(FLAGS_max_in_flight)},
+      &*prompt_source, &workers, policy->get(), &metrics);
+  auto grpc_server =
+      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation, &registry_service});
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
@@ -87,27 +84,24 @@ int Main() {
   std::atomic<bool> stop{false};
   std::thread pool_watch([&] {
     while (!stop.load()) {
-      metrics.pool_size.Add({{"pool", "prefill"}}).Set(workers.CountLive(router::Role::kPrefill, absl::Now()));
-      metrics.pool_size.Add({{"pool", "decode"}}).Set(workers.CountLive(router::Role::kDecode, absl::Now()));
+      metrics.pool_size.Add({{"pool", "prefill"}})
+          .Set(workers.CountLive(router::Role::kPrefill, absl::Now()));
+      metrics.pool_size.Add({{"pool", "decode"}})
+          .Set(workers.CountLive(router::Role::kDecode, absl::Now()));
       absl::SleepFor(absl::Milliseconds(250));
     }
   });
 
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
-    absl::Status s = WriteReadyFile(absl::GetFlag(FLAGS_ready_file),
-                                    {{"grpc_address", address},
-                                     {"metrics_port", absl::StrCat((*metrics_server)->port())},
-                                     {"pid", absl::StrCat(getpid())}});
-    if (!s.ok()) PDSERVE_LOG(ERROR) << s;
-  }
-  PDSERVE_LOG(INFO) << "router serving on " << address << ", metrics on port " << (*metrics_server)->port();
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
+  PDSERVE_LOG(INFO) << "router serving on " << address << ", metrics on port "
+                    << (*metrics_server)->port();
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
   generation.SetDraining(true);
   SetServing(*grpc_server->server, false);
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
-  while (absl::Now() < deadline && generation.in_flight() > 0) absl::SleepFor(absl::Milliseconds(20));
+  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
+                [&] { return generation.in_flight() == 0; });
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   stop.store(true);
   pool_watch.join();

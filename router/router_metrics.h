@@ -29,6 +29,16 @@ struct RouterMetrics {
     requests.Add({{"finish_reason", finish_reason}}).Increment();
   }
   void CountRejected(const std::string& reason) { rejected.Add({{"reason", reason}}).Increment(); }
+  // Counts a Generate call once it has ended: as `finish_label` when the call
+  // set one (a finish reason, or "rejected"), else by how it failed.
+  void CountEnded(const std::string& finish_label, bool failed, bool cancelled,
+                  bool deadline_exceeded) {
+    if (!finish_label.empty()) {
+      CountFinished(finish_label);
+    } else if (failed) {
+      CountFinished(cancelled ? "cancelled" : deadline_exceeded ? "deadline" : "error");
+    }
+  }
 };
 
 }  // namespace pdserve::router

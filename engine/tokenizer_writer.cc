@@ -17,8 +17,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr const char* kSpecialTokens[] = {"<|begin_of_text|>", "<|end_of_text|>",
-                                          "<|start_header_id|>", "<|end_header_id|>",
-                                          "<|eot_id|>"};
+                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
 
 // Llama 3's pre-tokenizer split pattern (tokenizer.json of Llama 3.x).
 constexpr char kLlama3Regex[] =
@@ -50,7 +49,9 @@ std::vector<std::string> SplitWords(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     size_t j = i;
-    if (text[j] == ' ' && j + 1 < text.size() && std::isalpha(static_cast<unsigned char>(text[j + 1]))) ++j;
+    if (text[j] == ' ' && j + 1 < text.size() &&
+        std::isalpha(static_cast<unsigned char>(text[j + 1])))
+      ++j;
     if (std::isalpha(static_cast<unsigned char>(text[j]))) {
       while (j < text.size() && std::isalpha(static_cast<unsigned char>(text[j]))) ++j;
     } else {
@@ -119,8 +120,8 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir) {
   if (vocab_size < kDemoFirstMergeId) {
-    return absl::InvalidArgumentError(absl::StrCat("the demo tokenizer needs vocab_size >= ",
-                                                   kDemoFirstMergeId, ", got ", vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the demo tokenizer needs vocab_size >= ", kDemoFirstMergeId, ", got ", vocab_size));
   }
   Json vocab = Json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteLevelAlphabet::Char(static_cast<uint8_t>(b))] = b;
@@ -174,7 +175,10 @@ absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir) {
             {"ids", Json::array({kDemoBosId})},
             {"tokens", Json::array({kSpecialTokens[0]})}}}}}}},
       {"decoder",
-       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", true},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},
         {"dropout", nullptr},

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
 
   auto stub = pdserve::v1::Generation::NewStub(pdserve::MakeChannel(absl::GetFlag(FLAGS_router)));
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))));
+  ctx.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))));
   const absl::Time start = absl::Now();
   auto reader = stub->Generate(&ctx, request);
   pdserve::v1::GenerateResponse response, last;
@@ -101,13 +102,15 @@ int main(int argc, char** argv) {
   }
   std::sort(gaps_ms.begin(), gaps_ms.end());
   auto pct = [&](double p) {
-    return gaps_ms.empty() ? 0.0 : gaps_ms[std::min(gaps_ms.size() - 1, size_t(p * gaps_ms.size()))];
+    return gaps_ms.empty() ? 0.0
+                           : gaps_ms[std::min(gaps_ms.size() - 1, size_t(p * gaps_ms.size()))];
   };
   const auto& t = last.timings();
   std::cerr << absl::StrFormat(
       "finish=%s prompt_tokens=%d completion_tokens=%d\n"
       "client:  ttft=%.2f ms  itl p50=%.2f ms p99=%.2f ms  e2e=%.2f ms\n"
-      "router:  ttft=%.2f ms  mean itl=%.2f ms  queue=%.2f ms  e2e=%.2f ms  (prefill %s, decode %s)\n",
+      "router:  ttft=%.2f ms  mean itl=%.2f ms  queue=%.2f ms  e2e=%.2f ms  (prefill %s, decode "
+      "%s)\n",
       pdserve::v1::FinishReason_Name(last.finish_reason()), last.usage().prompt_tokens(),
       last.usage().completion_tokens(), ttft_ms, pct(0.5), pct(0.99),
       absl::ToDoubleMilliseconds(absl::Now() - start), t.time_to_first_token_seconds() * 1e3,

@@ -21,8 +21,8 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   } else if (absl::IsNotFound(chat_template.status())) {
     PDSERVE_LOG(INFO) << model_dir << " has no chat template: chat requests are refused";
   } else {
-    source.chat_unavailable = absl::StrCat("the model's chat template is not usable: ",
-                                           chat_template.status().message());
+    source.chat_unavailable =
+        absl::StrCat("the model's chat template is not usable: ", chat_template.status().message());
     PDSERVE_LOG(WARNING) << source.chat_unavailable;
   }
   return source;

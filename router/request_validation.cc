@@ -23,7 +23,8 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
       return prompt;
     }
     case v1::GenerateRequest::kTokenIds:
-      if (request.token_ids().ids_size() == 0) return absl::InvalidArgumentError("token_ids is empty");
+      if (request.token_ids().ids_size() == 0)
+        return absl::InvalidArgumentError("token_ids is empty");
       for (int32_t t : request.token_ids().ids()) {
         if (t < 0 || t >= config.vocab_size) {
           return absl::InvalidArgumentError(
@@ -47,16 +48,17 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
       for (int i = 0; i < messages.size(); ++i) {
         const std::string& role = messages[i].role();
         if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
-          return absl::InvalidArgumentError(
-              absl::StrCat("chat.messages[", i, "].role must be system, user, assistant or tool, got \"",
-                           role.substr(0, 32), "\""));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "chat.messages[", i, "].role must be system, user, assistant or tool, got \"",
+              role.substr(0, 32), "\""));
         }
         conversation.push_back({role, messages[i].content()});
       }
       engine::ChatRenderOptions options;
       options.add_generation_prompt = true;
       options.now = now;
-      absl::StatusOr<std::string> text = engine::RenderChat(*source.chat_template, conversation, options);
+      absl::StatusOr<std::string> text =
+          engine::RenderChat(*source.chat_template, conversation, options);
       if (!text.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("chat: ", text.status().message()));
       }
@@ -112,8 +114,9 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   }
   for (const std::string& stop : s.stop()) {
     if (stop.empty() || stop.size() > kMaxStopStringBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling.stop: each string must be 1..", kMaxStopStringBytes, " bytes, got ", stop.size()));
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop: each string must be 1..",
+                                                     kMaxStopStringBytes, " bytes, got ",
+                                                     stop.size()));
     }
     out.stop_strings.push_back(stop);
   }
@@ -122,9 +125,9 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
         absl::StrCat("sampling.max_tokens must be >= 1, got ", p.max_tokens));
   }
   if (int64_t{prompt_len} + p.max_tokens > context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling.max_tokens: prompt (", prompt_len, ") + max_tokens (", p.max_tokens,
-                     ") exceeds the model context of ", context));
+    return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens: prompt (", prompt_len,
+                                                   ") + max_tokens (", p.max_tokens,
+                                                   ") exceeds the model context of ", context));
   }
   if (absl::Status status = engine::ValidateSamplingParams(p, config.vocab_size); !status.ok()) {
     return status;

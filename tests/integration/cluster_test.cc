@@ -13,42 +13,11 @@
 #include "engine/tokenizer_loader.h"
 #include "engine/tokenizer_writer.h"
 #include "gtest/gtest.h"
+#include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
 
 namespace pdserve::testing {
 namespace {
-
-struct StreamResult {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  std::string text;
-  v1::GenerateResponse last;
-  int messages = 0;
-};
-
-StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
-                         absl::Duration timeout = absl::Seconds(60)) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  auto reader = stub.Generate(&ctx, request);
-  StreamResult out;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    ++out.messages;
-    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-    out.text += response.text();
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.last = response;
-  }
-  out.status = reader->Finish();
-  return out;
-}
-
-v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens) {
-  v1::GenerateRequest r;
-  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
-  r.mutable_sampling()->set_max_tokens(max_tokens);
-  return r;
-}
 
 class ClusterTest : public ::testing::Test {
  protected:

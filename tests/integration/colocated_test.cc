@@ -18,6 +18,7 @@
 #include "engine/model_writer.h"
 #include "engine/runner_factory.h"
 #include "gtest/gtest.h"
+#include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
 
 namespace pdserve::testing {
@@ -53,50 +54,6 @@ TEST(PlanStepTest, TableOfCases) {
     EXPECT_EQ(plan.kind, c.kind) << c.name;
     EXPECT_EQ(plan.num_prefill, c.num_prefill) << c.name;
   }
-}
-
-struct StreamResult {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  v1::GenerateResponse last;
-};
-
-StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-  auto reader = stub.Generate(&ctx, request);
-  StreamResult out;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.last = response;
-  }
-  out.status = reader->Finish();
-  return out;
-}
-
-v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens) {
-  v1::GenerateRequest r;
-  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
-  r.mutable_sampling()->set_max_tokens(max_tokens);
-  return r;
-}
-
-// True once `pid` (our child) has exited: a zombie until reaped. Polled, so
-// the caller can reap it with Subprocess::Stop without a second SIGTERM
-// (threads that the process's libraries start before main do not block
-// SIGTERM, so a second one kills a draining process).
-bool WaitUntilExited(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    if (!stat || paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z') return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
 }
 
 class ColocatedTest : public ::testing::Test {

@@ -52,6 +52,7 @@ class LocalCluster {
 
   const std::string& router_address() const { return router_.grpc_address; }
   int router_metrics_port() const { return router_.metrics_port; }
+  pid_t router_pid() const { return router_.proc.pid(); }
   std::vector<std::unique_ptr<Process>>& prefill() { return prefill_; }
   std::vector<std::unique_ptr<Process>>& decode() { return decode_; }
   std::unique_ptr<v1::Generation::Stub> NewClient() const;

@@ -113,39 +113,6 @@ double Metric(int port, const std::string& name) {
   return text.ok() ? MetricValue(*text, name) : -1;
 }
 
-std::map<std::string, std::string> ReadJsonFields(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, std::string> out;
-  size_t pos = 0;
-  while ((pos = text.find('"', pos)) != std::string::npos) {
-    const size_t key_end = text.find('"', pos + 1);
-    const size_t val_start = text.find('"', key_end + 1);
-    const size_t val_end = text.find('"', val_start + 1);
-    if (key_end == std::string::npos || val_start == std::string::npos || val_end == std::string::npos) break;
-    out[text.substr(pos + 1, key_end - pos - 1)] = text.substr(val_start + 1, val_end - val_start - 1);
-    pos = val_end + 1;
-  }
-  return out;
-}
-
-// True once `pid` (our child) has exited: a zombie until reaped. Polled, so
-// the caller can reap it with Subprocess::Stop without a second SIGTERM
-// (threads that the process's libraries start before main do not block
-// SIGTERM, so a second one kills a draining process).
-bool WaitUntilExited(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    if (!stat || paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z') return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
-}
-
 class ScalingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -231,9 +198,7 @@ TEST_F(ScalingTest, NewWorkersTakeTrafficAndADrainedWorkerLosesNothing) {
 }
 
 TEST_F(ScalingTest, RouterDrainsStreamsAndRefusesNewCalls) {
-  const auto ready = ReadJsonFields(work_dir_ + "/router.ready");
-  int router_pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(ready.at("pid"), &router_pid));
+  const pid_t router_pid = cluster_->router_pid();
 
   constexpr int kStreams = 4;
   constexpr int kTokens = 700;  // long enough to be in flight across the SIGTERM

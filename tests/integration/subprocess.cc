@@ -130,4 +130,17 @@ double MetricValue(const std::string& exposition, const std::string& metric) {
   return sum;
 }
 
+bool WaitUntilExited(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (!stat || paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z') return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 }  // namespace pdserve::testing

@@ -38,6 +38,12 @@ class Subprocess {
   std::string log_path_;
 };
 
+// True once `pid` (a child of this process) has exited: it is a zombie until
+// reaped. Polled, so the caller can then reap it with Subprocess::Stop without
+// a second SIGTERM (threads that a process's libraries start before main do
+// not block SIGTERM, so a second one kills a draining process).
+bool WaitUntilExited(pid_t pid, absl::Duration timeout);
+
 // GET http://127.0.0.1:port/path; error if the server does not answer 200.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 // Sum of all samples of `metric` (exact name, any labels) in text exposition.

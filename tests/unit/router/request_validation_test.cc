@@ -49,7 +49,8 @@ PromptSource ChatSource() {
   return source;
 }
 
-v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages, int max_tokens) {
+v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages,
+                         int max_tokens) {
   v1::GenerateRequest r;
   r.mutable_chat();
   for (const auto& [role, content] : messages) {

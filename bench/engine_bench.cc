@@ -10,10 +10,12 @@
 //             --context tokens of KV, one token per sequence per step
 //   bandwidth STREAM-style copy and triad over arrays far larger than cache
 //             (best of 5, as STREAM reports), with --threads OpenMP threads
-//   roofline  batch-1 decode bytes/s (fp32 weights read once per step + KV
-//             read) as a fraction of the triad bandwidth
+//   roofline  batch-1 decode bytes/s (weights read once per step, as stored:
+//             bf16 for a bf16 checkpoint unless --bf16_weights=false, else
+//             fp32; + KV read) as a fraction of the triad bandwidth
 // It prints a table and, last, one line of JSON (also to --json_out).
 //   pdserve_engine_bench [--threads=N] [--model_dir=DIR] [--json_out=FILE]
+//       [--dtype=bf16|f16|f32] [--bf16_weights=false]
 #include <omp.h>
 #include <unistd.h>
 
@@ -41,6 +43,8 @@
 ABSL_FLAG(std::string, model_dir, "",
           "Model to benchmark; empty: write the ~110M Llama-shaped model to a temp dir");
 ABSL_FLAG(std::string, dtype, "bf16", "Checkpoint dtype of the written model (f32, bf16, f16)");
+ABSL_FLAG(bool, bf16_weights, true,
+          "Keep bf16 checkpoint matrices in bf16 in memory (false: expand everything to fp32)");
 ABSL_FLAG(int, threads, 0, "CPU threads for the runner and the bandwidth test; 0: all cores");
 ABSL_FLAG(int, prompt_len, 512, "Prefill prompt length");
 ABSL_FLAG(int, context, 128, "Tokens of KV each decoding sequence starts with");
@@ -231,6 +235,7 @@ int Main() {
   ro.kv_block_size = block_size;
   ro.num_kv_blocks = blocks_per_seq * std::max(batch, 1);
   ro.num_threads = threads;
+  ro.bf16_weights = absl::GetFlag(FLAGS_bf16_weights);
   std::cerr << "loading ...\n";
   auto runner_or = engine::CreateModelRunner(ro);
   if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
@@ -274,12 +279,10 @@ int Main() {
   std::cerr << "bandwidth ...\n";
   const Bandwidth bw = MeasureBandwidth(absl::GetFlag(FLAGS_stream_mib), threads);
 
-  // Bytes one batch-1 decode step must read: every fp32 weight the step
-  // multiplies by (the LM head included; of the input embedding only one row,
-  // counted as none), plus K and V of the whole context.
-  const double weight_bytes =
-      4.0 * (static_cast<double>(c.ParameterCount()) -
-             (c.tie_word_embeddings ? 0.0 : double(c.vocab_size) * c.hidden_size));
+  // Bytes one batch-1 decode step must read: every weight the step
+  // multiplies by, as stored (the LM head included; of the input embedding
+  // only one row, counted as none), plus K and V of the whole context.
+  const double weight_bytes = static_cast<double>(runner.DecodeWeightBytes());
   const double kv_bytes = static_cast<double>(c.KvBytesPerToken(4)) * d1->mean_context;
   const double decode_gbs = (weight_bytes + kv_bytes) / d1->step_s / 1e9;
   const double fraction = decode_gbs / bw.triad_gbs;
@@ -291,9 +294,10 @@ int Main() {
               threads, mem_gib);
   std::printf(
       "model: %s, %.1fM parameters, hidden %d, %d layers, %d heads (%d KV), "
-      "intermediate %d, vocab %d, fp32 in memory (%s on disk)\n",
+      "intermediate %d, vocab %d, %s on disk, %.1f MB of weights read per decode step\n",
       c.architecture.c_str(), c.ParameterCount() / 1e6, c.hidden_size, c.num_layers, c.num_heads,
-      c.num_kv_heads, c.intermediate_size, c.vocab_size, c.torch_dtype.c_str());
+      c.num_kv_heads, c.intermediate_size, c.vocab_size, c.torch_dtype.c_str(),
+      static_cast<double>(runner.DecodeWeightBytes()) / 1e6);
   std::printf("load average (1 min) before / after: %.2f / %.2f\n", load_before, load_after);
   std::printf("%-34s %14s\n", "measurement", "value");
   std::printf("%-34s %14.1f\n", absl::StrFormat("prefill %d tokens, tokens/s", prompt_len).c_str(),
@@ -327,6 +331,7 @@ int Main() {
       {"bandwidth_copy_gbs", bw.copy_gbs},
       {"bandwidth_triad_gbs", bw.triad_gbs},
       {"decode_b1_bytes_per_step", weight_bytes + kv_bytes},
+      {"bf16_weights", absl::GetFlag(FLAGS_bf16_weights)},
       {"decode_b1_gbs", decode_gbs},
       {"decode_b1_bandwidth_fraction", fraction},
       {"load_average_before", load_before},

@@ -57,9 +57,7 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       metrics_(metrics),
       kv_endpoint_(receiver->endpoint()),
       base_spec_(BaseSpec(*runner)),
-      // Weights are stored in the KV dtype on every backend (fp32 CPU, bf16 CUDA).
-      weight_bytes_(static_cast<double>(runner->config().ParameterCount()) *
-                    engine::KvDtypeBytes(runner->kv_dtype())),
+      weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
       blocks_(runner->num_kv_blocks(), runner->kv_block_size()),
       transfer_salt_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {
   {

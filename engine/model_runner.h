@@ -58,28 +58,31 @@ class ModelRunner {
   virtual KvDtype kv_dtype() const = 0;
   virtual int num_kv_blocks() const = 0;
   virtual int kv_block_size() const = 0;
+  // Bytes of weights one decode step reads (every matrix it multiplies by,
+  // in the dtype it is stored in; the input embedding counts only as the LM
+  // head when tied). With the KV read, the numerator of decode's
+  // bandwidth utilisation.
+  virtual int64_t DecodeWeightBytes() const = 0;
 
   // Runs whole prompts, writes their K/V, and fills `logits` with
   // [seqs.size(), vocab_size] logits of each prompt's last token.
   // `on_layer_done` may be empty.
   virtual absl::Status Prefill(std::span<const PrefillSequence> seqs,
-                               const LayerDoneFn& on_layer_done,
-                               std::vector<float>& logits) = 0;
+                               const LayerDoneFn& on_layer_done, std::vector<float>& logits) = 0;
 
   // One step for a batch: each sequence's token is appended at its position
   // (its K/V written) and `logits` gets [seqs.size(), vocab_size].
-  virtual absl::Status Decode(std::span<const DecodeSequence> seqs,
-                              std::vector<float>& logits) = 0;
+  virtual absl::Status Decode(std::span<const DecodeSequence> seqs, std::vector<float>& logits) = 0;
 
   // Bytes of one layer's KV for `num_tokens` tokens: K then V, each
   // [num_tokens, num_kv_heads, head_dim] in kv_dtype().
   virtual size_t LayerKvBytes(int num_tokens) const = 0;
   // Copies layer `layer` of tokens 0..num_tokens-1 out of the cache.
-  virtual absl::Status ReadLayerKv(int layer, std::span<const int32_t> block_table,
-                                   int num_tokens, std::span<std::byte> out) const = 0;
+  virtual absl::Status ReadLayerKv(int layer, std::span<const int32_t> block_table, int num_tokens,
+                                   std::span<std::byte> out) const = 0;
   // Scatters a layer received from a peer into the cache.
-  virtual absl::Status WriteLayerKv(int layer, std::span<const int32_t> block_table,
-                                    int num_tokens, std::span<const std::byte> in) = 0;
+  virtual absl::Status WriteLayerKv(int layer, std::span<const int32_t> block_table, int num_tokens,
+                                    std::span<const std::byte> in) = 0;
 };
 
 }  // namespace pdserve::engine

@@ -17,7 +17,10 @@ struct RunnerOptions {
   // KV blocks to allocate; 0 derives it from kv_cache_bytes.
   int num_kv_blocks = 0;
   int64_t kv_cache_bytes = int64_t{256} << 20;
-  int num_threads = 0;          // 0: all cores
+  int num_threads = 0;  // 0: all cores
+  // CPU: keep matrices whose values are all bf16 numbers in bf16
+  // (CpuRunnerOptions::bf16_weights).
+  bool bf16_weights = true;
 };
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options);

@@ -33,7 +33,40 @@ CpuModelRunner::CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions
     : config_(config),
       block_size_(options.kv_block_size),
       num_blocks_(options.num_kv_blocks),
-      num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_num_procs()) {}
+      num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_num_procs()),
+      bf16_weights_(options.bf16_weights) {}
+
+CpuModelRunner::Matrix CpuModelRunner::MakeMatrix(std::vector<float> values) const {
+  Matrix m;
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (bf16_weights_ && cpu::IsBf16Exact(values.data(), n)) {
+    m.bf16 = cpu::ToBf16(values.data(), n);
+  } else {
+    m.f32 = std::move(values);
+  }
+  return m;
+}
+
+void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const {
+  if (!w.bf16.empty()) {
+    cpu::MatMulTransBBf16(x, w.bf16.data(), y, m, n, k, num_threads_);
+  } else {
+    cpu::MatMulTransB(x, w.f32.data(), y, m, n, k, num_threads_);
+  }
+}
+
+int64_t CpuModelRunner::DecodeWeightBytes() const {
+  // Of the input embedding a step reads one row per sequence: counted as
+  // none, unless it is also the LM head.
+  int64_t bytes = lm_head_.bytes() > 0 ? lm_head_.bytes() : embed_.bytes();
+  for (const Layer& l : layers_) {
+    bytes += l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes();
+    bytes += static_cast<int64_t>((l.input_norm.size() + l.post_norm.size() + l.bqkv.size() +
+                                   l.bo.size() + l.q_norm.size() + l.k_norm.size()) *
+                                  sizeof(float));
+  }
+  return bytes + static_cast<int64_t>(final_norm_.size() * sizeof(float));
+}
 
 absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     const ModelConfig& config, ModelWeights weights, const CpuRunnerOptions& options) {
@@ -86,27 +119,27 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(config, options));
   cpu::InitBlasThreading();
   r->fingerprint_ = weights.fingerprint;
-  r->embed_ = std::move(weights.embed_tokens);
+  r->embed_ = r->MakeMatrix(std::move(weights.embed_tokens));
   r->final_norm_ = std::move(weights.final_norm);
   r->inv_freq_ = config.RopeInverseFrequencies();
-  r->lm_head_ = std::move(weights.lm_head);
+  if (!weights.lm_head.empty()) r->lm_head_ = r->MakeMatrix(std::move(weights.lm_head));
   r->layers_.reserve(weights.layers.size());
   for (LayerWeights& l : weights.layers) {
     Layer layer;
     layer.input_norm = std::move(l.input_norm);
     std::vector<float> qk = Concat(l.q_proj, l.k_proj);
-    layer.wqkv = Concat(qk, l.v_proj);
+    layer.wqkv = r->MakeMatrix(Concat(qk, l.v_proj));
     if (config.qkv_bias) {
       std::vector<float> qk_bias = Concat(l.q_bias, l.k_bias);
       layer.bqkv = Concat(qk_bias, l.v_bias);
     }
     layer.q_norm = std::move(l.q_norm);
     layer.k_norm = std::move(l.k_norm);
-    layer.wo = std::move(l.o_proj);
+    layer.wo = r->MakeMatrix(std::move(l.o_proj));
     layer.bo = std::move(l.o_bias);
     layer.post_norm = std::move(l.post_norm);
-    layer.wgu = Concat(l.gate_proj, l.up_proj);
-    layer.wdown = std::move(l.down_proj);
+    layer.wgu = r->MakeMatrix(Concat(l.gate_proj, l.up_proj));
+    layer.wdown = r->MakeMatrix(std::move(l.down_proj));
     r->layers_.push_back(std::move(layer));
   }
   try {
@@ -166,7 +199,11 @@ void CpuModelRunner::Embed(std::span<const int32_t> tokens) {
   const int64_t m = static_cast<int64_t>(tokens.size());
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
   for (int64_t r = 0; r < m; ++r) {
-    std::memcpy(&scratch_.x[r * h], &embed_[tokens[r] * h], h * sizeof(float));
+    if (!embed_.bf16.empty()) {
+      cpu::Bf16ToFloat(&embed_.bf16[tokens[r] * h], &scratch_.x[r * h], h);
+    } else {
+      std::memcpy(&scratch_.x[r * h], &embed_.f32[tokens[r] * h], h * sizeof(float));
+    }
   }
 }
 
@@ -176,8 +213,7 @@ void CpuModelRunner::AttentionInput(int layer, int m, std::span<const int32_t> p
   const int q = config_.q_size(), kv = config_.kv_size(), stride = q + 2 * kv;
   cpu::RmsNorm(scratch_.x.data(), w.input_norm.data(), scratch_.xn.data(), m, h,
                config_.rms_norm_eps, num_threads_);
-  cpu::MatMulTransB(scratch_.xn.data(), w.wqkv.data(), scratch_.qkv.data(), m, stride, h,
-                    num_threads_);
+  MatMul(scratch_.xn.data(), w.wqkv, scratch_.qkv.data(), m, stride, h);
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 1)
   for (int r = 0; r < m; ++r) {
     float* row = &scratch_.qkv[int64_t{r} * stride];
@@ -207,21 +243,18 @@ void CpuModelRunner::AttentionOutputAndMlp(int layer, int m) {
   const Layer& w = layers_[layer];
   const int h = config_.hidden_size, inter = config_.intermediate_size;
   const int64_t mh = int64_t{m} * h;
-  cpu::MatMulTransB(scratch_.attn.data(), w.wo.data(), scratch_.proj.data(), m, h, config_.q_size(),
-                    num_threads_);
+  MatMul(scratch_.attn.data(), w.wo, scratch_.proj.data(), m, h, config_.q_size());
   cpu::AddInPlace(scratch_.x.data(), scratch_.proj.data(), mh, num_threads_);
   if (!w.bo.empty()) cpu::AddBias(scratch_.x.data(), w.bo.data(), m, h, num_threads_);
   cpu::RmsNorm(scratch_.x.data(), w.post_norm.data(), scratch_.xn.data(), m, h,
                config_.rms_norm_eps, num_threads_);
-  cpu::MatMulTransB(scratch_.xn.data(), w.wgu.data(), scratch_.gu.data(), m, 2 * inter, h,
-                    num_threads_);
+  MatMul(scratch_.xn.data(), w.wgu, scratch_.gu.data(), m, 2 * inter, h);
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 1)
   for (int r = 0; r < m; ++r) {
     const float* gu = &scratch_.gu[int64_t{r} * 2 * inter];
     cpu::SwiGlu(gu, gu + inter, &scratch_.act[int64_t{r} * inter], inter);
   }
-  cpu::MatMulTransB(scratch_.act.data(), w.wdown.data(), scratch_.proj.data(), m, h, inter,
-                    num_threads_);
+  MatMul(scratch_.act.data(), w.wdown, scratch_.proj.data(), m, h, inter);
   cpu::AddInPlace(scratch_.x.data(), scratch_.proj.data(), mh, num_threads_);
 }
 
@@ -233,8 +266,8 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
                  &scratch_.xn[int64_t{i} * h], 1, h, config_.rms_norm_eps, 1);
   }
   logits.resize(static_cast<size_t>(b) * vocab);
-  const std::vector<float>& head = lm_head_.empty() ? embed_ : lm_head_;
-  cpu::MatMulTransB(scratch_.xn.data(), head.data(), logits.data(), b, vocab, h, num_threads_);
+  const Matrix& head = lm_head_.bytes() > 0 ? lm_head_ : embed_;
+  MatMul(scratch_.xn.data(), head, logits.data(), b, vocab, h);
 }
 
 // ---- Prefill and Decode ----

@@ -1,5 +1,8 @@
 // The reference ModelRunner: a Llama-family decoder (Llama, Mistral, Qwen2,
-// Qwen3; see engine/config.h) in fp32 on the CPU.
+// Qwen3; see engine/config.h) on the CPU: fp32 activations and accumulation.
+// Weight matrices are kept in bf16 when every value is exactly a bf16 number
+// (a bf16 checkpoint), else in fp32 (CpuRunnerOptions::bf16_weights): the
+// same numbers either way, in half the bytes a decode step streams.
 //
 // Forward pass per layer, for M rows (prefill: every prompt token of the
 // batch concatenated; decode: one token per sequence):
@@ -38,6 +41,10 @@ struct CpuRunnerOptions {
   int kv_block_size = 16;  // tokens per block, >= 1
   int num_kv_blocks = 1;   // >= 1
   int num_threads = 0;     // OpenMP and OpenBLAS threads; 0: all cores
+  // Keep each weight matrix whose values are all exactly bf16 numbers (a
+  // bf16 checkpoint's) in bf16: the same numbers in half the memory and half
+  // the bytes per decode step. false: everything in fp32.
+  bool bf16_weights = true;
 };
 
 class CpuModelRunner : public ModelRunner {
@@ -54,6 +61,7 @@ class CpuModelRunner : public ModelRunner {
   int num_kv_blocks() const override { return num_blocks_; }
   int kv_block_size() const override { return block_size_; }
   int num_threads() const { return num_threads_; }
+  int64_t DecodeWeightBytes() const override;
 
   absl::Status Prefill(std::span<const PrefillSequence> seqs, const LayerDoneFn& on_layer_done,
                        std::vector<float>& logits) override;
@@ -67,17 +75,26 @@ class CpuModelRunner : public ModelRunner {
                             std::span<const std::byte> in) override;
 
  private:
+  // A row-major weight matrix in fp32, or in bf16 (see
+  // CpuRunnerOptions::bf16_weights): exactly one of the two is non-empty.
+  struct Matrix {
+    std::vector<float> f32;
+    std::vector<uint16_t> bf16;
+    int64_t bytes() const {
+      return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t));
+    }
+  };
   struct Layer {
     std::vector<float> input_norm;  // [H]
-    std::vector<float> wqkv;        // [Q + 2 KV, H]
+    Matrix wqkv;                    // [Q + 2 KV, H]
     std::vector<float> bqkv;        // [Q + 2 KV]; empty: no bias
     std::vector<float> q_norm;      // [D]; empty: no q/k norm
     std::vector<float> k_norm;      // [D]
-    std::vector<float> wo;          // [H, Q]
+    Matrix wo;                      // [H, Q]
     std::vector<float> bo;          // [H]; empty: no bias
     std::vector<float> post_norm;   // [H]
-    std::vector<float> wgu;         // [2 I, H]
-    std::vector<float> wdown;       // [H, I]
+    Matrix wgu;                     // [2 I, H]
+    Matrix wdown;                   // [H, I]
   };
   // Activations for M rows, reused across calls (engine thread only).
   struct Scratch {
@@ -99,6 +116,10 @@ class CpuModelRunner : public ModelRunner {
     return window > 0 && position >= window ? position - window + 1 : 0;
   }
 
+  // Stores `values` as a Matrix: bf16 when allowed and lossless.
+  Matrix MakeMatrix(std::vector<float> values) const;
+  // y[m, n] = x[m, k] * w^T.
+  void MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const;
   void ResizeScratch(int m);
   void Embed(std::span<const int32_t> tokens);  // rows of scratch_.x
   // qkv for all rows (bias, q/k norm), RoPE at positions[r] applied to q and k.
@@ -113,10 +134,11 @@ class CpuModelRunner : public ModelRunner {
   int block_size_;
   int num_blocks_;
   int num_threads_;
-  std::vector<float> embed_;  // [vocab, H]
+  bool bf16_weights_;
+  Matrix embed_;  // [vocab, H]
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;  // [head_dim / 2], config_.RopeInverseFrequencies()
-  std::vector<float> lm_head_;   // [vocab, H]; empty when tied to embed_
+  Matrix lm_head_;               // [vocab, H]; empty when tied to embed_
   std::vector<Layer> layers_;
   // K and V storage per layer, num_blocks * block_size * KV floats each.
   std::vector<std::vector<float>> k_cache_, v_cache_;

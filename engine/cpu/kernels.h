@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace pdserve::engine::cpu {
 
@@ -17,6 +18,26 @@ void InitBlasThreading();
 // y[m, n] = x[m, k] * w[n, k]^T  (torch.nn.Linear without bias), split over
 // `num_threads` OpenMP threads by blocks of w's rows.
 void MatMulTransB(const float* x, const float* w, float* y, int m, int n, int k, int num_threads);
+
+// bf16 weights: the upper 16 bits of fp32 values. A matrix whose every value
+// is exactly a bf16 number (any bf16 checkpoint) is stored so: the same
+// numbers in half the bytes, which is what memory-bound decode streams.
+bool IsBf16Exact(const float* values, int64_t n);
+// The upper halves of `n` values (exact when IsBf16Exact).
+std::vector<uint16_t> ToBf16(const float* values, int64_t n);
+// out[i] = the fp32 value of bf16 in[i].
+void Bf16ToFloat(const uint16_t* in, float* out, int64_t n);
+
+// y[r] = dot(w row r, x) for n rows of k bf16 values, fp32 accumulation.
+// AVX2 + FMA where the CPU has them; `simd` false forces the portable code.
+void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, bool simd = true);
+
+// MatMulTransB with w in bf16; accumulation in fp32. m == 1: a fused GEMV
+// (AVX2 + FMA where the CPU has them, portable code otherwise); m > 1: each
+// thread expands blocks of w's rows into an fp32 buffer that stays in cache
+// and runs sgemm on them.
+void MatMulTransBBf16(const float* x, const uint16_t* w, float* y, int m, int n, int k,
+                      int num_threads);
 
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `dim`.
 // y may alias x.

@@ -229,12 +229,13 @@ class ForwardTest : public testing::TestWithParam<ModelCase> {
     ref_ = std::make_unique<ReferenceModel>(config_, dir_);
     runner_ = NewRunner();
   }
-  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64) {
+  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64, bool bf16_weights = true) {
     RunnerOptions o;
     o.model_dir = dir_;
     o.kv_block_size = 4;
     o.num_kv_blocks = num_blocks;
     o.num_threads = 2;
+    o.bf16_weights = bf16_weights;
     auto r = CreateModelRunner(o);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
@@ -272,6 +273,33 @@ TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
   EXPECT_EQ(std::memcmp(block.data() + 4 * token_bytes, all.data() + (11 + 4) * token_bytes,
                         4 * token_bytes),
             0);  // V
+}
+
+// A bf16 checkpoint's matrices stay bf16 in memory (half the bytes a decode
+// step reads) and give the logits of the same numbers in fp32; other dtypes
+// are stored in fp32.
+TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
+  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, /*bf16_weights=*/false);
+  ASSERT_NE(fp32, nullptr);
+  if (GetParam().dtype == "bf16") {
+    EXPECT_LT(runner_->DecodeWeightBytes(), fp32->DecodeWeightBytes() * 0.52);
+  } else {
+    EXPECT_EQ(runner_->DecodeWeightBytes(), fp32->DecodeWeightBytes());
+  }
+  std::vector<int32_t> tokens = Tokens(9, vocab(), 6);
+  const std::vector<int32_t> table = {0, 1, 2, 3, 4};
+  const PrefillSequence seq{tokens, table};
+  std::vector<float> a, b;
+  ASSERT_TRUE(runner_->Prefill({&seq, 1}, nullptr, a).ok());
+  ASSERT_TRUE(fp32->Prefill({&seq, 1}, nullptr, b).ok());
+  EXPECT_LT(RelDiff(a, b), 1e-5);
+  for (int step = 0; step < 4; ++step) {
+    const DecodeSequence d{(step * 31 + 2) % vocab(), static_cast<int32_t>(tokens.size()), table};
+    tokens.push_back(d.token);
+    ASSERT_TRUE(runner_->Decode({&d, 1}, a).ok());
+    ASSERT_TRUE(fp32->Decode({&d, 1}, b).ok());
+    EXPECT_LT(RelDiff(a, b), 1e-5) << "step " << step;
+  }
 }
 
 TEST_P(ForwardTest, DecodeStepsMatchReference) {

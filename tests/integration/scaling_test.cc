@@ -52,7 +52,8 @@ Outcome Generate(v1::Generation::Stub& stub, int salt, int max_tokens, absl::Dur
   auto reader = stub.Generate(&ctx, request);
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
-    if (out.tokens == 0 && response.token_ids_size() > 0 && first_tokens != nullptr) first_tokens->fetch_add(1);
+    if (out.tokens == 0 && response.token_ids_size() > 0 && first_tokens != nullptr)
+      first_tokens->fetch_add(1);
     out.tokens += response.token_ids_size();
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       out.prefill_worker = response.timings().prefill_worker();
@@ -123,7 +124,13 @@ class ScalingTest : public ::testing::Test {
     engine::ModelConfig config = engine::DefaultDemoConfig();
     config.max_position_embeddings = 1024;
     ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/11, "f32", model_dir).ok());
-    cluster_ = std::make_unique<LocalCluster>(ClusterOptions{.model_dir = model_dir, .work_dir = work_dir_});
+    // Drain and call deadlines far above what the streams need, so a slow
+    // (sanitizer or loaded) machine cannot turn a drain into a failure.
+    cluster_ = std::make_unique<LocalCluster>(
+        ClusterOptions{.model_dir = model_dir,
+                       .work_dir = work_dir_,
+                       .router_flags = {"--drain_timeout_ms=180000"},
+                       .decode_flags = {"--drain_timeout_ms=180000"}});
     absl::Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s;
   }
@@ -157,17 +164,21 @@ TEST_F(ScalingTest, NewWorkersTakeTrafficAndADrainedWorkerLosesNothing) {
     auto prefill = load.ServedSince(scaled, false);
     EXPECT_GE(decode[new_decode], 5) << "the new decode worker took no traffic";
     EXPECT_GE(prefill[new_prefill], 3) << "the new prefill worker took no traffic";
-    for (const auto& [id, n] : decode) std::cout << "after scale-out, decode " << id << ": " << n << "\n";
-    for (const auto& [id, n] : prefill) std::cout << "after scale-out, prefill " << id << ": " << n << "\n";
+    for (const auto& [id, n] : decode)
+      std::cout << "after scale-out, decode " << id << ": " << n << "\n";
+    for (const auto& [id, n] : prefill)
+      std::cout << "after scale-out, prefill " << id << ": " << n << "\n";
   }
 
   // 2. Drain the first decode worker while it streams.
   Process& drained = *cluster_->decode()[0];
   const absl::Time busy_deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < busy_deadline && Metric(drained.metrics_port, "pdserve_decode_running_sequences") < 1) {
+  while (absl::Now() < busy_deadline &&
+         Metric(drained.metrics_port, "pdserve_decode_running_sequences") < 1) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_GE(Metric(drained.metrics_port, "pdserve_decode_running_sequences"), 1) << "no stream in flight";
+  ASSERT_GE(Metric(drained.metrics_port, "pdserve_decode_running_sequences"), 1)
+      << "no stream in flight";
   const absl::Time term = absl::Now();
   ASSERT_EQ(kill(drained.proc.pid(), SIGTERM), 0);
   // It exits by itself once its streams are done (well within its drain timeout).
@@ -208,7 +219,7 @@ TEST_F(ScalingTest, RouterDrainsStreamsAndRefusesNewCalls) {
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back([&, i] {
       auto stub = cluster_->NewClient();
-      streams[i] = Generate(*stub, 5000 + i, kTokens, absl::Seconds(60), &started);
+      streams[i] = Generate(*stub, 5000 + i, kTokens, absl::Seconds(180), &started);
     });
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(20);

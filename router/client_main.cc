@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, chat, "",
           "A user message, rendered by the router through the model's chat template "
           "(instead of --prompt)");
 ABSL_FLAG(std::string, system, "", "With --chat: a system message before the user's");
+ABSL_FLAG(std::string, chat_template_kwargs, "",
+          "With --chat: boolean template variables, e.g. enable_thinking=false,x=true");
 ABSL_FLAG(int, max_tokens, 32, "Tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "0: off");
@@ -54,6 +56,16 @@ int main(int argc, char** argv) {
     auto* m = request.mutable_chat()->add_messages();
     m->set_role("user");
     m->set_content(absl::GetFlag(FLAGS_chat));
+    for (absl::string_view item :
+         absl::StrSplit(absl::GetFlag(FLAGS_chat_template_kwargs), ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+      bool value;
+      if (!absl::SimpleAtob(kv.second, &value)) {
+        std::cerr << "--chat_template_kwargs: \"" << item << "\" is not name=true|false\n";
+        return 2;
+      }
+      (*request.mutable_chat()->mutable_chat_template_kwargs())[kv.first] = value;
+    }
   } else {
     request.set_text(absl::GetFlag(FLAGS_prompt));
   }

@@ -1,5 +1,8 @@
 #include "router/request_validation.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 
 namespace pdserve::router {
@@ -7,6 +10,23 @@ namespace {
 constexpr int kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr int kMaxChatMessages = 1024;
+constexpr int kMaxChatTemplateKwargs = 16;
+
+// A name chat_template_kwargs may set: an identifier of at most 64 bytes that
+// is none of the variables the renderer sets itself.
+bool IsTemplateKwargName(const std::string& name) {
+  if (name.empty() || name.size() > 64 || std::isdigit(static_cast<unsigned char>(name[0]))) {
+    return false;
+  }
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  for (const char* reserved : {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                               "tools", "documents", "strftime_now", "raise_exception"}) {
+    if (name == reserved) return false;
+  }
+  return true;
+}
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& request,
@@ -57,6 +77,21 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
       engine::ChatRenderOptions options;
       options.add_generation_prompt = true;
       options.now = now;
+      if (request.chat().chat_template_kwargs_size() > kMaxChatTemplateKwargs) {
+        return absl::InvalidArgumentError(absl::StrCat("chat.chat_template_kwargs: at most ",
+                                                       kMaxChatTemplateKwargs, " entries"));
+      }
+      for (const auto& [name, value] : request.chat().chat_template_kwargs()) {
+        if (!IsTemplateKwargName(name)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("chat.chat_template_kwargs: \"", name.substr(0, 64),
+                           "\" is not an identifier the template may take (reserved, or not "
+                           "[A-Za-z_][A-Za-z0-9_]*)"));
+        }
+        options.flags.emplace_back(name, value);
+      }
+      // Map order is unspecified; the template must not depend on it.
+      std::sort(options.flags.begin(), options.flags.end());
       absl::StatusOr<std::string> text =
           engine::RenderChat(*source.chat_template, conversation, options);
       if (!text.ok()) {

@@ -192,6 +192,33 @@ TEST(RequestValidationTest, ReportsTheTemplatesOwnError) {
   EXPECT_TRUE(ValidateRequest(Chat({{"user", "hi"}}, 4), source, kNow, 1).ok());
 }
 
+TEST(RequestValidationTest, ChatTemplateKwargsReachTheTemplate) {
+  PromptSource source = ChatSource();
+  // As Qwen3's template: thinking is on unless the caller turns it off.
+  auto qwen_like = engine::ParseChatTemplate(
+      "{{ messages[0].content }}{% if enable_thinking is defined and enable_thinking is false "
+      "%}<think></think>{% endif %}",
+      "", "");
+  ASSERT_TRUE(qwen_like.ok()) << qwen_like.status();
+  source.chat_template = *std::move(qwen_like);
+  v1::GenerateRequest r = Chat({{"user", "hi"}}, 4);
+  auto plain = ValidateRequest(r, source, kNow, 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(source.tokenizer->Decode(plain->prompt), "hi");
+  (*r.mutable_chat()->mutable_chat_template_kwargs())["enable_thinking"] = false;
+  auto no_think = ValidateRequest(r, source, kNow, 1);
+  ASSERT_TRUE(no_think.ok()) << no_think.status();
+  EXPECT_EQ(source.tokenizer->Decode(no_think->prompt), "hi<think></think>");
+
+  for (const std::string bad : {"add_generation_prompt", "messages", "9lives", "a-b", ""}) {
+    v1::GenerateRequest b = Chat({{"user", "hi"}}, 4);
+    (*b.mutable_chat()->mutable_chat_template_kwargs())[bad] = true;
+    auto v = ValidateRequest(b, source, kNow, 1);
+    ASSERT_FALSE(v.ok()) << bad;
+    EXPECT_THAT(v.status().message(), HasSubstr("chat.chat_template_kwargs")) << bad;
+  }
+}
+
 TEST(RequestValidationTest, RefusesChatWithTheReasonTheTemplateIsUnusable) {
   PromptSource source = ByteSource();
   source.chat_unavailable = "the model's chat template is not usable: line 3: unknown tag";

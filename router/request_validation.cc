@@ -1,6 +1,5 @@
 #include "router/request_validation.h"
 
-#include <algorithm>
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
@@ -90,8 +89,6 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
         }
         options.flags.emplace_back(name, value);
       }
-      // Map order is unspecified; the template must not depend on it.
-      std::sort(options.flags.begin(), options.flags.end());
       absl::StatusOr<std::string> text =
           engine::RenderChat(*source.chat_template, conversation, options);
       if (!text.ok()) {

@@ -206,18 +206,7 @@ void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     Sequence& seq = seqs_.at(ids[i]);
-    seq.in_step = false;
-    if (seq.cancelled) {
-      FreeLocked(ids[i]);
-      continue;
-    }
-    if (!status.ok()) {
-      PDSERVE_LOG(ERROR) << "prefill step failed: " << status;
-      seq.stream->Push(
-          {.error = absl::InternalError(absl::StrCat("prefill failed: ", status.message()))});
-      FreeLocked(ids[i]);
-      continue;
-    }
+    if (!SettleLocked(ids[i], seq, status, "prefill")) continue;
     // The same sampling pipeline as the prefill worker's first token.
     const engine::SampledToken first =
         engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
@@ -225,6 +214,23 @@ void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
     seq.position = static_cast<int>(seq.prompt.size());
     ApplyTokenLocked(ids[i], seq, first.token, queue_seconds[i]);
   }
+}
+
+bool ColocatedEngine::SettleLocked(engine::SeqId id, Sequence& seq, const absl::Status& step,
+                                   const char* what) {
+  seq.in_step = false;
+  if (seq.cancelled) {
+    FreeLocked(id);
+    return false;
+  }
+  if (!step.ok()) {
+    PDSERVE_LOG(ERROR) << what << " step failed: " << step;
+    seq.stream->Push(
+        {.error = absl::InternalError(absl::StrCat(what, " step failed: ", step.message()))});
+    FreeLocked(id);
+    return false;
+  }
+  return true;
 }
 
 void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
@@ -264,18 +270,7 @@ void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     Sequence& seq = seqs_.at(ids[i]);
-    seq.in_step = false;
-    if (seq.cancelled) {
-      FreeLocked(ids[i]);
-      continue;
-    }
-    if (!status.ok()) {
-      PDSERVE_LOG(ERROR) << "decode step failed: " << status;
-      seq.stream->Push(
-          {.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
-      FreeLocked(ids[i]);
-      continue;
-    }
+    if (!SettleLocked(ids[i], seq, status, "decode")) continue;
     ++seq.position;
     ApplyTokenLocked(ids[i], seq, sampled[i], 0);
   }

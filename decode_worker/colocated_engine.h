@@ -28,8 +28,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/output_queue.h"
 #include "absl/time/time.h"
+#include "common/output_queue.h"
 #include "decode_worker/colocated_metrics.h"
 #include "engine/block_manager.h"
 #include "engine/finish.h"
@@ -49,8 +49,8 @@ struct ColocatedOutput {
   std::vector<int32_t> tokens;  // generated since the previous output (the first token included)
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
-  double queue_seconds = 0;     // submit to prefill start; set with the first token
-  absl::Status error;           // non-OK ends the stream with this status
+  double queue_seconds = 0;  // submit to prefill start; set with the first token
+  absl::Status error;        // non-OK ends the stream with this status
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
@@ -64,9 +64,9 @@ class ColocatedStream : public OutputQueue<ColocatedOutput> {
 };
 
 struct ColocatedOptions {
-  int max_running = 256;            // sequences in the decode batch
-  int max_prefill_tokens = 4096;    // prompt tokens per prefill step (the head always runs)
-  int max_waiting = 1024;           // queued prompts before RESOURCE_EXHAUSTED
+  int max_running = 256;          // sequences in the decode batch
+  int max_prefill_tokens = 4096;  // prompt tokens per prefill step (the head always runs)
+  int max_waiting = 1024;         // queued prompts before RESOURCE_EXHAUSTED
 };
 
 struct ColocatedLoad {
@@ -115,11 +115,11 @@ class ColocatedEngine {
     std::vector<int32_t> prompt;
     std::vector<int32_t> block_table;  // copy: stable while the sequence lives
     State state = State::kWaiting;
-    int32_t last_token = 0;  // newest token, not yet in the cache
-    int position = 0;        // position of last_token
+    int32_t last_token = 0;          // newest token, not yet in the cache
+    int position = 0;                // position of last_token
     std::vector<int32_t> generated;  // output so far (penalties and min_tokens read it)
     bool cancelled = false;
-    bool in_step = false;    // part of the step being computed
+    bool in_step = false;  // part of the step being computed
     absl::Time submitted;
     std::shared_ptr<ColocatedStream> stream;
   };
@@ -132,6 +132,11 @@ class ColocatedEngine {
   void ApplyTokenLocked(engine::SeqId id, Sequence& seq, int32_t token, double queue_seconds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeLocked(engine::SeqId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a step that ran `seq`: clears in_step, frees a cancelled sequence,
+  // and fails and frees it when the step failed (`what` names the step).
+  // True when the sequence goes on and its step's token should be applied.
+  bool SettleLocked(engine::SeqId id, Sequence& seq, const absl::Status& step, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ReserveTokens(const Sequence& seq) const;
 

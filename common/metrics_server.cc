@@ -16,7 +16,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   prometheus::Registry* reg = s->registry_.get();
   s->server_->Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     prometheus::TextSerializer serializer;
-    res.set_content(serializer.Serialize(reg->Collect()), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(serializer.Serialize(reg->Collect()),
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
   s->server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
@@ -58,10 +59,22 @@ const std::vector<double>& LatencyBuckets() {
 }
 
 const std::vector<double>& TokenLatencyBuckets() {
-  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                               0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                               1.0,    2.5};
+  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                               0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5};
   return kBuckets;
+}
+
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                     const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
 }  // namespace pdserve

@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
 namespace httplib {
@@ -39,5 +42,12 @@ class MetricsServer {
 const std::vector<double>& LatencyBuckets();
 // Finer buckets for per-token and per-step latencies (ITL, step seconds).
 const std::vector<double>& TokenLatencyBuckets();
+
+// An unlabeled metric registered in `r` (a family of one series); the
+// reference lives as long as the registry.
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help);
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help);
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                     const std::vector<double>& buckets);
 
 }  // namespace pdserve

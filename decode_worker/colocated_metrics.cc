@@ -3,18 +3,6 @@
 #include "common/metrics_server.h"
 
 namespace pdserve::colocated {
-namespace {
-prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
-                                     const std::vector<double>& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
-}
-}  // namespace
 
 ColocatedMetrics::ColocatedMetrics(prometheus::Registry& r)
     : waiting_sequences(MakeGauge(r, "pdserve_colocated_waiting_sequences", "Prompts waiting for prefill")),

@@ -3,14 +3,6 @@
 #include "common/metrics_server.h"
 
 namespace pdserve::decode {
-namespace {
-prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-}  // namespace
 
 DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
     : running_sequences(MakeGauge(r, "pdserve_decode_running_sequences",

@@ -3,18 +3,6 @@
 #include "common/metrics_server.h"
 
 namespace pdserve::prefill {
-namespace {
-prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
-                                     const std::vector<double>& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
-}
-}  // namespace
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
     : queue_depth(MakeGauge(r, "pdserve_prefill_queue_depth", "Prefill requests waiting for a batch")),

@@ -3,12 +3,6 @@
 #include "common/metrics_server.h"
 
 namespace pdserve::router {
-namespace {
-prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
-                                     const std::vector<double>& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
-}
-}  // namespace
 
 RouterMetrics::RouterMetrics(prometheus::Registry& r)
     : time_to_first_token(MakeHistogram(r, "pdserve_time_to_first_token_seconds",

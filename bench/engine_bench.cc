@@ -34,9 +34,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/config.h"
-#include "engine/model_runner.h"
-#include "engine/model_writer.h"
+#include "engine/model/config.h"
+#include "engine/runtime/model_runner.h"
+#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
 #include "nlohmann/json.hpp"
 

@@ -31,10 +31,10 @@
 #include "absl/time/time.h"
 #include "common/output_queue.h"
 #include "decode_worker/colocated_metrics.h"
-#include "engine/block_manager.h"
-#include "engine/finish.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/block_manager.h"
+#include "engine/runtime/finish.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 
 namespace pdserve::colocated {
 

@@ -24,10 +24,10 @@
 #include "absl/time/time.h"
 #include "common/output_queue.h"
 #include "decode_worker/decode_metrics.h"
-#include "engine/block_manager.h"
-#include "engine/finish.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/block_manager.h"
+#include "engine/runtime/finish.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::decode {

@@ -21,9 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/block_manager.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/block_manager.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 #include "kvtransfer/transport.h"
 #include "prefill_worker/prefill_metrics.h"
 

@@ -1,5 +1,5 @@
 // The reference ModelRunner: a Llama-family decoder (Llama, Mistral, Qwen2,
-// Qwen3; see engine/config.h) on the CPU: fp32 activations and accumulation.
+// Qwen3; see engine/model/config.h) on the CPU: fp32 activations and accumulation.
 // Weight matrices are kept in bf16 when every value is exactly a bf16 number
 // (a bf16 checkpoint), else in fp32 (CpuRunnerOptions::bf16_weights): the
 // same numbers either way, in half the bytes a decode step streams.
@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model_runner.h"
-#include "engine/weights.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/model/weights.h"
 
 namespace pdserve::engine {
 

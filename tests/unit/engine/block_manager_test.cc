@@ -1,6 +1,6 @@
-// Unit tests for engine/block_manager: allocation tables, exhaustion,
+// Unit tests for engine/kvcache/block_manager: allocation tables, exhaustion,
 // growth, forking, and invariants after a long seeded random workload.
-#include "engine/block_manager.h"
+#include "engine/kvcache/block_manager.h"
 
 #include <cstdint>
 #include <map>

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/generator.h"
+#include "engine/runtime/generator.h"
 #include "engine/runner_factory.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/arch_models.h"

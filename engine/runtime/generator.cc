@@ -1,0 +1,63 @@
+// GenerateLocally: prefill, sample token 0, then decode one token per step.
+#include "engine/runtime/generator.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/kvcache/block_manager.h"
+
+namespace pdserve::engine {
+
+absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<const int32_t> prompt,
+                                               const SamplingParams& params) {
+  const ModelConfig& config = runner.config();
+  if (prompt.empty()) return absl::InvalidArgumentError("GenerateLocally: empty prompt");
+  if (absl::Status s = ValidateSamplingParams(params, config.vocab_size); !s.ok()) return s;
+  if (params.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 1, got ", params.max_tokens));
+  }
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len + params.max_tokens > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", prompt_len, " tokens + max_tokens ", params.max_tokens,
+                     " exceed max_position_embeddings ", config.max_position_embeddings));
+  }
+  // The last generated token is never fed back, so its K/V needs no slot.
+  const int kv_tokens = static_cast<int>(prompt_len) + params.max_tokens - 1;
+  BlockManager blocks(runner.num_kv_blocks(), runner.kv_block_size());
+  constexpr SeqId kSeq = 0;
+  if (absl::Status s = blocks.Allocate(kSeq, kv_tokens); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerateLocally: KV cache too small: ", kv_tokens, " tokens need ",
+                     blocks.BlocksForTokens(kv_tokens), " blocks of ", runner.kv_block_size(),
+                     ", the runner has ", runner.num_kv_blocks()));
+  }
+  const std::span<const int32_t> table = blocks.BlockTable(kSeq);
+
+  GenerateResult result;
+  std::vector<float> logits;
+  const PrefillSequence seq{prompt, table};
+  if (absl::Status s = runner.Prefill({&seq, 1}, nullptr, logits); !s.ok()) return s;
+  std::vector<float> scratch;
+  auto sample = [&] {
+    SampledToken t = Sample(logits, params, {.prompt = prompt, .generated = result.tokens},
+                            config.eos_token_ids, scratch);
+    result.logprobs.push_back(t);
+    return t.token;
+  };
+  int32_t token = sample();
+  result.tokens.push_back(token);
+  result.finish_reason = CheckFinish(config, params, token, 1, static_cast<int>(prompt_len) + 1);
+
+  while (result.finish_reason == FinishReason::kNone) {
+    const int step = static_cast<int>(result.tokens.size());  // index of the token to sample
+    const DecodeSequence next{token, static_cast<int32_t>(prompt_len) + step - 1, table};
+    if (absl::Status s = runner.Decode({&next, 1}, logits); !s.ok()) return s;
+    token = sample();
+    result.tokens.push_back(token);
+    result.finish_reason =
+        CheckFinish(config, params, token, step + 1, static_cast<int>(prompt_len) + step + 1);
+  }
+  return result;
+}
+
+}  // namespace pdserve::engine

@@ -1,6 +1,7 @@
-// What the router knows of the model to turn a request's input into prompt
+// What a front end knows of the model to turn a request's input into prompt
 // tokens and generated tokens back into text: config.json (with
-// generation_config.json), the tokenizer and the chat template.
+// generation_config.json), the tokenizer and the chat template. Immutable
+// once loaded; shared by every request.
 #pragma once
 
 #include <memory>
@@ -8,11 +9,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "text/chat_template.h"
 #include "engine/model/config.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 
 struct PromptSource {
   engine::ModelConfig config;
@@ -30,4 +31,8 @@ struct PromptSource {
   static absl::StatusOr<PromptSource> Load(const std::string& model_dir);
 };
 
-}  // namespace pdserve::router
+// The name a model is served under unless configured: the last component of
+// its directory ("/models/Llama-3.2-1B/" -> "Llama-3.2-1B").
+std::string DefaultModelName(const std::string& model_dir);
+
+}  // namespace pdserve::frontend

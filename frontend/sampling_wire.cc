@@ -1,4 +1,6 @@
-#include "common/sampling_convert.h"
+#include "frontend/sampling_wire.h"
+
+#include <algorithm>
 
 namespace pdserve {
 
@@ -45,6 +47,17 @@ internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token)
     out.add_top_ids(t.token);
     out.add_top_logprobs(t.logprob);
   }
+  return out;
+}
+
+engine::SampledToken LogprobsFromProto(int32_t token,
+                                       const internal::v1::SampledLogprobs& logprobs) {
+  engine::SampledToken out;
+  out.token = token;
+  out.logprob = logprobs.logprob();
+  const int n = std::min(logprobs.top_ids_size(), logprobs.top_logprobs_size());
+  out.top.reserve(n);
+  for (int k = 0; k < n; ++k) out.top.push_back({logprobs.top_ids(k), logprobs.top_logprobs(k)});
   return out;
 }
 

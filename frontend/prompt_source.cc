@@ -1,10 +1,10 @@
-#include "router/prompt_source.h"
+#include "frontend/prompt_source.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "text/tokenizer_loader.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 
 absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   PromptSource source;
@@ -28,4 +28,12 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   return source;
 }
 
-}  // namespace pdserve::router
+std::string DefaultModelName(const std::string& model_dir) {
+  std::string dir = model_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  std::string name = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  return name.empty() ? "model" : name;
+}
+
+}  // namespace pdserve::frontend

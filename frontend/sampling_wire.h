@@ -1,0 +1,20 @@
+// Converts sampling parameters and sampled-token log-probabilities between
+// the internal worker protocol (pdserve.internal.v1) and the engine's
+// structs. Shared by the router's orchestration (jobs out, tokens in) and
+// both workers (jobs in, tokens out); its own small target
+// (pdserve_sampling_wire) so workers need no tokenizer or front end.
+#pragma once
+
+#include "engine/runtime/sampler.h"
+#include "pdserve/internal/v1/worker.pb.h"
+
+namespace pdserve {
+
+engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& sampling);
+internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& params);
+// `token` is the sampled token id; the message carries only its logprobs.
+internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token);
+engine::SampledToken LogprobsFromProto(int32_t token,
+                                       const internal::v1::SampledLogprobs& logprobs);
+
+}  // namespace pdserve

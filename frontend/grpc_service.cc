@@ -46,9 +46,7 @@ grpc::Status GrpcGenerationService::Serve(
     grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::GenerateResponse>* stream) {
   const CallInfo call{.arrival = absl::Now(), .deadline = Deadline(*context)};
   grpc::ByteBuffer buffer;
-  if (!stream->Read(&buffer)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "no request message");
-  }
+  if (!stream->Read(&buffer)) return ToGrpcStatus(sessions_->AbandonedBeforeStart(call));
   absl::StatusOr<Request> request = DecodeGenerateRequest(ToString(buffer));
   if (!request.ok()) return ToGrpcStatus(sessions_->Refuse(request.status(), "invalid_argument"));
   absl::StatusOr<std::unique_ptr<RequestSession>> session = sessions_->Start(*request, call);

@@ -191,6 +191,15 @@ absl::Status SessionManager::Refuse(absl::Status status, const std::string& reas
   return status;
 }
 
+absl::Status SessionManager::AbandonedBeforeStart(const CallInfo& call) {
+  if (absl::Now() + kDeadlineSlack >= call.deadline) {
+    metrics_->CountFinished("deadline");
+    return absl::DeadlineExceededError("deadline exceeded");
+  }
+  metrics_->CountFinished("cancelled");
+  return absl::CancelledError("cancelled by the client");
+}
+
 absl::StatusOr<std::unique_ptr<RequestSession>> SessionManager::Start(const Request& request,
                                                                       const CallInfo& call) {
   if (draining_.load()) {

@@ -157,6 +157,10 @@ class SessionManager {
   // Counts a refusal the adapter made itself (a request it could not decode)
   // and returns `status`.
   absl::Status Refuse(absl::Status status, const std::string& reason);
+  // Counts a call whose client went away before its request could be read
+  // (as deadline when `call`'s deadline has passed, else cancelled) and
+  // returns the matching status.
+  absl::Status AbandonedBeforeStart(const CallInfo& call);
 
  private:
   friend class RequestSession;

@@ -121,17 +121,22 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
     self->Generate(/*chat=*/true, req, res);
   });
   // Called for every status >= 400; fills in only responses without a body
-  // (no route: 404; body over the limit: 413).
+  // (no route: 404; body over the limit: 413; a malformed request).
   server.set_error_handler(httplib::Server::HandlerWithResponse(
       [self](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        absl::Status status =
-            res.status == 413
-                ? self->sessions_->Refuse(
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "request body larger than ", self->options_.max_body_bytes, " bytes")),
-                      "invalid_argument")
-                : absl::NotFoundError(absl::StrCat("no route for ", req.method, " ", req.path));
+        absl::Status status;
+        if (res.status == 404) {
+          status = absl::NotFoundError(absl::StrCat("no route for ", req.method, " ", req.path));
+        } else if (res.status == 413) {
+          status = self->sessions_->Refuse(
+              absl::InvalidArgumentError(absl::StrCat("request body larger than ",
+                                                      self->options_.max_body_bytes, " bytes")),
+              "invalid_argument");
+        } else {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("malformed HTTP request (HTTP ", res.status, ")"));
+        }
         res.set_content(openai::ErrorBody(status), "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }));
@@ -201,6 +206,7 @@ void OpenAiHttpServer::Generate(bool chat, const httplib::Request& req, httplib:
           absl::Status status = RunSession(
               *session,
               [&](const Delta& delta) {
+                if (stopping()) return false;
                 for (const std::string& chunk : formatter->Chunks(delta)) {
                   if (!write(Event(chunk))) return false;
                 }

@@ -4,6 +4,7 @@
 // (tests/openai_client). Generations must equal the in-process engine's.
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runner_factory.h"
@@ -245,6 +246,32 @@ TEST_F(OpenAiHttpTest, CurlErrorsHaveOpenAiShapeAndAreCounted) {
   HttpResult missing = Post("/v1/embeddings", R"({"input": "x"})");
   EXPECT_EQ(missing.status, 404);
   EXPECT_TRUE(Json::parse(missing.body).contains("error"));
+}
+
+TEST_F(OpenAiHttpTest, ConcurrentStreamsComplete) {
+  constexpr int kStreams = 12;  // more than cpp-httplib's default pool of 8 threads here
+  std::vector<HttpResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      const Json request = {{"prompt", Json::array({256, 65 + i, 66, 67})},
+                            {"max_tokens", 30 + i},
+                            {"ignore_eos", true},
+                            {"seed", i},
+                            {"stream", true}};
+      results[i] = Curl(cluster_->router_http_port(), "/v1/completions", request.dump(),
+                        absl::StrCat(*work_dir_, "/concurrent", i, ".json"));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_EQ(results[i].status, 200) << i << ": " << results[i].body;
+    const std::vector<std::string> events = SseData(results[i].body);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+  }
+  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
 }
 
 TEST_F(OpenAiHttpTest, ClientThatHangsUpCancelsAndFreesKv) {

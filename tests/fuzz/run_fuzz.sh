@@ -55,11 +55,22 @@ case "$which" in
 esac
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 status=0
-
-run_safetensors() {
-corpus="$build/fuzz_corpus/safetensors"
 artifacts="$build/fuzz_artifacts/"
-mkdir -p "$corpus" "$artifacts"
+mkdir -p "$artifacts"
+
+# Runs fuzzer NAME for $seconds on its corpus and dictionary
+# (BUILD_DIR/fuzz_corpus/NAME[.dict], written by its seed function).
+fuzz() {  # NAME MAX_LEN
+  local corpus="$build/fuzz_corpus/$1"
+  echo "run_fuzz.sh: ${1}_fuzz for ${seconds}s (corpus $corpus)"
+  "$build/tests/fuzz/${1}_fuzz" -max_total_time="$seconds" -max_len="$2" \
+    -dict="$build/fuzz_corpus/$1.dict" -artifact_prefix="$artifacts" \
+    -print_final_stats=1 "$corpus"
+}
+
+seed_safetensors() {
+corpus="$build/fuzz_corpus/safetensors"
+mkdir -p "$corpus"
 # Seeds: valid files of each float dtype (scalar, empty and 2-D tensors,
 # metadata, padding) and a few near-misses the parser must refuse.
 python3 - "$corpus" <<'PY'
@@ -103,20 +114,14 @@ cat > "$build/fuzz_corpus/safetensors.dict" <<'DICT'
 "format"
 "pt"
 DICT
-
-echo "run_fuzz.sh: safetensors_fuzz for ${seconds}s (corpus $corpus)"
-"$build/tests/fuzz/safetensors_fuzz" -max_total_time="$seconds" -max_len=4096 \
-  -dict="$build/fuzz_corpus/safetensors.dict" -artifact_prefix="$artifacts" \
-  -print_final_stats=1 "$corpus"
 }
 
 # Seeds: GenerateRequests of every input kind (text, token ids, chat with
 # template kwargs), with sampling fields and stop strings, and near-misses
 # (invalid UTF-8, a truncated field), in protobuf wire format.
-run_generate_request() {
+seed_generate_request() {
 corpus="$build/fuzz_corpus/generate_request"
-artifacts="$build/fuzz_artifacts/"
-mkdir -p "$corpus" "$artifacts"
+mkdir -p "$corpus"
 python3 - "$corpus" <<'PY'
 import os, struct, sys
 out = sys.argv[1]
@@ -164,16 +169,12 @@ cat > "$build/fuzz_corpus/generate_request.dict" <<'DICT'
 "\xc3"
 "\xe2\x98\x83"
 DICT
-echo "run_fuzz.sh: generate_request_fuzz for ${seconds}s (corpus $corpus)"
-"$build/tests/fuzz/generate_request_fuzz" -max_total_time="$seconds" -max_len=8192 \
-  -dict="$build/fuzz_corpus/generate_request.dict" -artifact_prefix="$artifacts" \
-  -print_final_stats=1 "$corpus"
 }
 
 for t in "${targets[@]}"; do
   case "$t" in
-    safetensors_fuzz) run_safetensors || status=$? ;;
-    generate_request_fuzz) run_generate_request || status=$? ;;
+    safetensors_fuzz) seed_safetensors && fuzz safetensors 4096 || status=$? ;;
+    generate_request_fuzz) seed_generate_request && fuzz generate_request 8192 || status=$? ;;
   esac
 done
 exit $status

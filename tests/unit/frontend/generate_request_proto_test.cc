@@ -70,7 +70,7 @@ TEST(GenerateRequestProtoTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
 
 TEST(GenerateRequestProtoTest, MalformedBytesAreInvalidArgument) {
   for (const std::string& bytes :
-       {std::string("\x0A\xFF\xFF\xFF\xFF\x0F", 6), std::string("\x12\x05ab", 4)}) {
+       {std::string("\x0A\xFF\xFF\xFF\xFF\x0F", 6), std::string("\x12\x05" "ab", 4)}) {
     absl::StatusOr<Request> decoded = DecodeGenerateRequest(bytes);
     EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   }

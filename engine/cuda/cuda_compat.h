@@ -55,7 +55,9 @@ cudaError_t Launch(void (*kernel)(Params...), const LaunchDims& dims, Args&&... 
   return ::pdserve::gpuemu::Launch(kernel, dims.grid, dims.block, dims.shared_bytes, dims.stream,
                                    std::forward<Args>(args)...);
 #else
-  kernel<<<dims.grid, dims.block, dims.shared_bytes, dims.stream> > >(std::forward<Args>(args)...);
+  // clang-format off
+  kernel<<<dims.grid, dims.block, dims.shared_bytes, dims.stream>>>(std::forward<Args>(args)...);
+  // clang-format on
   return cudaGetLastError();
 #endif
 }

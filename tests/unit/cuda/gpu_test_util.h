@@ -35,6 +35,28 @@ class GpuTest : public ::testing::Test {
   }
 };
 
+// GpuTest with a non-blocking stream of its own: work on it is not
+// ordered with the legacy stream that DeviceBuffer's copies use, so a test
+// must Sync() before reading results (under emulation a missing Sync reads
+// poison).
+class GpuStreamTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
+    }
+    GpuTest::TearDown();
+  }
+  void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
+
+  cudaStream_t stream_ = nullptr;
+};
+
 // An owned device array of n T, filled with 0xff bytes (NaN for f32, bf16
 // and f16) when created and by Poison().
 template <typename T>

@@ -21,10 +21,34 @@
 
 #include "gpu_emulation/internal.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace pdserve::gpuemu {
 namespace ctx = boost::context;
 
 namespace {
+
+// AddressSanitizer must be told about every stack switch, or it misreads
+// exceptions thrown on fiber stacks. No-ops in other builds.
+struct StackBounds {
+  const void* bottom = nullptr;
+  size_t size = 0;
+};
+#if defined(__SANITIZE_ADDRESS__)
+void StartSwitch(void** fake_stack, const StackBounds& to) {
+  __sanitizer_start_switch_fiber(fake_stack, to.bottom, to.size);
+}
+void FinishSwitch(void* fake_stack, StackBounds* from) {
+  __sanitizer_finish_switch_fiber(fake_stack, from ? &from->bottom : nullptr,
+                                  from ? &from->size : nullptr);
+}
+#else
+void StartSwitch(void**, const StackBounds&) {}
+void FinishSwitch(void*, StackBounds*) {}
+#endif
 
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
@@ -56,6 +80,10 @@ class StackPool {
     ctx::stack_context sc;
     sc.size = kStackBytes;
     sc.sp = static_cast<char*>(base) + Page() + kStackBytes;
+#if defined(__SANITIZE_ADDRESS__)
+    // A reused stack may still carry the last fiber's redzones.
+    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + Page(), kStackBytes);
+#endif
     return sc;
   }
   void Deallocate(ctx::stack_context& sc) {
@@ -79,7 +107,8 @@ struct PooledStack {
 // Thrown inside a fiber to end it after a trap.
 struct TrapUnwind {};
 
-enum class State { kRunnable, kBarrier, kWarpOp, kExited };
+// kTrapped: stopped by a trap, never resumed except to be abandoned.
+enum class State { kRunnable, kBarrier, kWarpOp, kTrapped, kExited };
 
 struct EmuThread {
   uint3 idx{};
@@ -94,6 +123,7 @@ struct EmuThread {
   uint64_t result = 0;
   ctx::fiber fiber;   // the thread, while suspended (scheduler side)
   ctx::fiber caller;  // the scheduler, while the thread runs (fiber side)
+  StackBounds stack;  // the fiber's stack
 };
 
 const char* OpName(detail::WarpOpKind k) {
@@ -156,9 +186,7 @@ class BlockRunner {
       for (unsigned k = 0; k < n && error_.empty(); ++k) {
         EmuThread& t = threads_[forward ? k : n - 1 - k];
         if (t.state != State::kRunnable) continue;
-        t_thread = &t;
-        threadIdx = t.idx;
-        t.fiber = std::move(t.fiber).resume();
+        Resume(t);
       }
       t_thread = nullptr;
       if (!error_.empty()) break;
@@ -194,9 +222,15 @@ class BlockRunner {
     return error_;
   }
 
+  // Switches from the current emulated thread back to the scheduler; an
+  // abandoned block resumes it with an exception that ends it.
   void Suspend() {
     EmuThread* t = t_thread;
+    void* fake_stack = nullptr;
+    StartSwitch(&fake_stack, scheduler_stack_);
     t->caller = std::move(t->caller).resume();
+    FinishSwitch(fake_stack, &scheduler_stack_);
+    if (abandoning_) throw TrapUnwind{};
   }
 
   void SyncThreads(const void* site) {
@@ -208,10 +242,7 @@ class BlockRunner {
 
   uint64_t WarpOp(detail::WarpOpKind kind, unsigned mask, uint64_t value, int param, int width) {
     EmuThread* t = t_thread;
-    if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
-      Trap(std::string(OpName(kind)) + ": width " + std::to_string(width) +
-           " is not a power of two in [1, 32]");
-    }
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0) BadWidth(kind, width);
     t->state = State::kWarpOp;
     t->op = kind;
     t->mask = mask;
@@ -224,15 +255,42 @@ class BlockRunner {
 
   void* Shared() { return shared_.empty() ? nullptr : shared_.data(); }
 
-  [[noreturn]] void Trap(const std::string& message) {
-    if (error_.empty()) {
-      error_ = "thread " + std::to_string(t_thread->linear) + ": " + message;
-    }
-    throw TrapUnwind{};
+  // Fails the block: records `message` and parks the thread until the
+  // scheduler abandons the block (the unwinding starts from Suspend, never
+  // from a frame that is still building the message).
+  [[noreturn]] void Trap(const char* message) {
+    Record(message);
+    Park();
   }
 
  private:
+  void Record(const std::string& message) {
+    if (error_.empty()) error_ = "thread " + std::to_string(t_thread->linear) + ": " + message;
+  }
+
+  [[noreturn]] void BadWidth(detail::WarpOpKind kind, int width) {
+    Record(std::string(OpName(kind)) + ": width " + std::to_string(width) +
+           " is not a power of two in [1, 32]");
+    Park();
+  }
+
+  [[noreturn]] void Park() {
+    t_thread->state = State::kTrapped;
+    for (;;) Suspend();
+  }
+
+  // Resumes `t` until it suspends or ends.
+  void Resume(EmuThread& t) {
+    t_thread = &t;
+    threadIdx = t.idx;
+    void* fake_stack = nullptr;
+    StartSwitch(&fake_stack, t.stack);
+    t.fiber = std::move(t.fiber).resume();
+    FinishSwitch(fake_stack, nullptr);
+  }
+
   ctx::fiber Body(EmuThread& t, ctx::fiber&& scheduler) {
+    FinishSwitch(nullptr, &scheduler_stack_);
     t.caller = std::move(scheduler);
     try {
       launch_->body();
@@ -245,6 +303,7 @@ class BlockRunner {
       if (error_.empty()) error_ = "thread " + std::to_string(t.linear) + " threw";
     }
     t.state = State::kExited;
+    StartSwitch(nullptr, scheduler_stack_);  // this fiber's stack is done
     return std::move(t.caller);
   }
 
@@ -371,18 +430,20 @@ class BlockRunner {
     return s;
   }
 
-  // Unwinds every fiber that has not finished.
+  // Ends every fiber that has not finished: resumed, it throws TrapUnwind
+  // from its suspension point, which unwinds the kernel's frames.
   void Abandon() {
+    abandoning_ = true;
     for (EmuThread& t : threads_) {
-      if (!t.fiber) continue;
-      t_thread = &t;
-      threadIdx = t.idx;
-      t.fiber = {};  // forced unwind through the kernel's frames
+      if (t.fiber) Resume(t);
     }
+    abandoning_ = false;
     t_thread = nullptr;
   }
 
-  StackPool stacks_;  // outlives the fibers below
+  StackPool stacks_;             // outlives the fibers below
+  StackBounds scheduler_stack_;  // the OS thread's stack, for ASan
+  bool abandoning_ = false;
   std::vector<EmuThread> threads_;
   std::vector<unsigned char> shared_;
   const KernelLaunch* launch_ = nullptr;

@@ -96,6 +96,15 @@ __global__ void WarpOpsKernel(float* out) {
 
 __global__ void WriteKernel(float* out) { out[threadIdx.x] = 2.0f; }
 
+// Every thread of every block adds to shared counters (blocks run on
+// several OS threads).
+__global__ void AtomicsKernel(int* count, int* max_id, float* sum) {
+  const int id = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  atomicAdd(count, 1);
+  atomicMax(max_id, id);
+  atomicAdd(sum, 0.5f);
+}
+
 class StrictnessTest : public testing::GpuTest {
  protected:
   void TearDown() override {
@@ -202,6 +211,15 @@ TEST_F(StrictnessTest, WarpIntrinsicsGiveCudaResults) {
   }
 }
 
+TEST_F(StrictnessTest, AtomicsAreAtomicAcrossBlocks) {
+  DeviceBuffer<int> count(std::vector<int>{0}), max_id(std::vector<int>{-1});
+  DeviceBuffer<float> sum(std::vector<float>{0.0f});
+  ASSERT_EQ(Launch(AtomicsKernel, {64, 128}, count.get(), max_id.get(), sum.get()), cudaSuccess);
+  EXPECT_EQ(count.Download()[0], 64 * 128);
+  EXPECT_EQ(max_id.Download()[0], 64 * 128 - 1);
+  EXPECT_EQ(sum.Download()[0], 64 * 128 * 0.5f);  // exact: multiples of 0.5 below 2^24
+}
+
 TEST_F(StrictnessTest, OversizedLaunchesAreRefusedAtOnce) {
   DeviceBuffer<float> out(2048);
   EXPECT_EQ(Launch(WriteKernel, {1, 1025}, out.get()), cudaErrorInvalidConfiguration);
@@ -230,6 +248,10 @@ TEST_F(StrictnessTest, OversizedLaunchesAreRefusedAtOnce) {
                                  static_cast<int>(prop.sharedMemPerBlockOptin + 1)),
             cudaErrorInvalidValue);
   cudaGetLastError();
+  // The attribute lives as long as the process: back to the default.
+  EXPECT_EQ(cudaFuncSetAttribute(NeighbourKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(prop.sharedMemPerBlock)),
+            cudaSuccess);
 }
 
 TEST_F(StrictnessTest, FreshAllocationsArePoisoned) {

@@ -28,27 +28,33 @@ constexpr unsigned char kPoison = 0xff;
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 
+// Process-lifetime state is leaked, never destroyed: stream threads may
+// still run while static destructors would.
 std::mutex g_error_mu;
-cudaError_t g_sticky = cudaSuccess;  // guarded by g_error_mu
-std::string g_failure;               // guarded by g_error_mu
+cudaError_t g_sticky = cudaSuccess;           // guarded by g_error_mu
+std::string& g_failure = *new std::string();  // guarded by g_error_mu
 
 struct Allocation {
   size_t size;
   bool device;
 };
 std::mutex g_mem_mu;
-std::map<uintptr_t, Allocation> g_allocations;  // guarded by g_mem_mu
-size_t g_device_bytes = 0;                      // guarded by g_mem_mu
+std::map<uintptr_t, Allocation>& g_allocations =
+    *new std::map<uintptr_t, Allocation>();  // guarded by g_mem_mu
+size_t g_device_bytes = 0;                   // guarded by g_mem_mu
 
 // Streams and events are shared_ptr-owned so queued tasks that refer to
 // them outlive cudaStreamDestroy / cudaEventDestroy, as in CUDA.
 std::mutex g_registry_mu;
-std::map<Stream*, std::shared_ptr<Stream>> g_streams;  // guarded by g_registry_mu
-std::map<Event*, std::shared_ptr<Event>> g_events;     // guarded by g_registry_mu
-std::map<const void*, size_t> g_max_dynamic_shared;    // guarded by g_registry_mu
+std::map<Stream*, std::shared_ptr<Stream>>& g_streams =
+    *new std::map<Stream*, std::shared_ptr<Stream>>();  // guarded by g_registry_mu
+std::map<Event*, std::shared_ptr<Event>>& g_events =
+    *new std::map<Event*, std::shared_ptr<Event>>();  // guarded by g_registry_mu
+std::map<const void*, size_t>& g_max_dynamic_shared =
+    *new std::map<const void*, size_t>();  // guarded by g_registry_mu
 
 // Active captures, guarded by CaptureMutex().
-std::vector<std::shared_ptr<Capture>> g_captures;
+std::vector<std::shared_ptr<Capture>>& g_captures = *new std::vector<std::shared_ptr<Capture>>();
 
 std::shared_ptr<Stream> LegacyDefault() {
   static std::shared_ptr<Stream>* stream = [] {

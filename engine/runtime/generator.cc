@@ -2,7 +2,7 @@
 #include "engine/runtime/generator.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/kvcache/block_manager.h"
+#include "engine/kvcache/kv_cache_manager.h"
 
 namespace pdserve::engine {
 
@@ -23,7 +23,7 @@ absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<co
   }
   // The last generated token is never fed back, so its K/V needs no slot.
   const int kv_tokens = static_cast<int>(prompt_len) + params.max_tokens - 1;
-  BlockManager blocks(runner.num_kv_blocks(), runner.kv_block_size());
+  KvCacheManager blocks(runner.num_kv_blocks(), runner.kv_block_size());
   constexpr SeqId kSeq = 0;
   if (absl::Status s = blocks.Allocate(kSeq, kv_tokens); !s.ok()) {
     return absl::InvalidArgumentError(

@@ -77,4 +77,11 @@ prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, 
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
+prometheus::Histogram& MakeSchedulerStepHistogram(prometheus::Registry& r) {
+  return MakeHistogram(r, "pdserve_scheduler_step_seconds",
+                       "Time to plan one scheduler step and take its KV blocks",
+                       {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                        5e-3, 0.01, 0.025, 0.05, 0.1});
+}
+
 }  // namespace pdserve

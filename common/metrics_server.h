@@ -50,4 +50,8 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, cons
 prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
                                      const std::vector<double>& buckets);
 
+// pdserve_scheduler_step_seconds: time to plan one step and take its blocks
+// (every worker role), 1 us to 100 ms.
+prometheus::Histogram& MakeSchedulerStepHistogram(prometheus::Registry& r);
+
 }  // namespace pdserve

@@ -39,6 +39,9 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences in the decode batch at most");
 ABSL_FLAG(int, max_prefill_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
+          "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
+          "steps of their own)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -85,7 +88,9 @@ int Main() {
   auto engine = std::make_unique<colocated::ColocatedEngine>(
       colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
                                   .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
-                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting)},
+                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting),
+                                  .max_prefill_chunk_tokens =
+                                      absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
       runner->get(), &engine_metrics);
   auto service = std::make_unique<colocated::ColocatedService>(
       engine.get(), &*prompt_source, &client_metrics, absl::GetFlag(FLAGS_worker_id));

@@ -16,6 +16,7 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                        .Help("Wall time of one decode step")
                        .Register(r)
                        .Add({}, TokenLatencyBuckets())),
+      scheduler_step_seconds(MakeSchedulerStepHistogram(r)),
       batch_size(prometheus::BuildHistogram()
                      .Name("pdserve_decode_batch_size")
                      .Help("Sequences per decode step")

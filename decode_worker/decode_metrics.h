@@ -16,6 +16,7 @@ struct DecodeMetrics {
   prometheus::Gauge& waiting_kv_sequences;    // reserved, KV not yet complete
   prometheus::Gauge& kv_cache_usage;          // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& step_seconds;
+  prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Histogram& batch_size;
   prometheus::Counter& generation_tokens;
   prometheus::Gauge& achieved_bytes_per_second;  // weights + KV read per step / step time

@@ -36,7 +36,9 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
           "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
-ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill batch");
+ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
+          "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, peak_flops, 0, "Peak FLOP/s of the device for the MFU gauge");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long queued prompts may take to finish");
@@ -65,14 +67,15 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  auto registry = std::make_shared<prometheus::Registry>();
+  prefill::PrefillMetrics metrics(*registry);
+  // After the metrics: the sender's completion callbacks may still run while
+  // it shuts down, and must find the metrics alive.
   auto sender = kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport));
   if (!sender.ok()) {
     PDSERVE_LOG(ERROR) << sender.status();
     return 1;
   }
-
-  auto registry = std::make_shared<prometheus::Registry>();
-  prefill::PrefillMetrics metrics(*registry);
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -81,6 +84,7 @@ int Main() {
 
   prefill::PrefillEngineOptions engine_options{
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
+      .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
       .peak_flops = absl::GetFlag(FLAGS_peak_flops)};
   // Destroyed before the runner and sender it uses.

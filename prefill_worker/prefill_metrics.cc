@@ -11,6 +11,7 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
                                  {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384})),
       step_seconds(MakeHistogram(r, "pdserve_prefill_step_seconds", "Wall time of one prefill batch",
                                  LatencyBuckets())),
+      scheduler_step_seconds(MakeSchedulerStepHistogram(r)),
       requests(MakeCounter(r, "pdserve_prefill_requests_total", "Prompts prefilled")),
       prompt_tokens(MakeCounter(r, "pdserve_prefill_prompt_tokens_total", "Prompt tokens prefilled")),
       achieved_flops(MakeGauge(r, "pdserve_prefill_achieved_flops_per_second",

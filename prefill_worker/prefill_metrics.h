@@ -15,6 +15,7 @@ struct PrefillMetrics {
   prometheus::Gauge& queued_tokens;       // their prompt tokens
   prometheus::Histogram& batch_tokens;
   prometheus::Histogram& step_seconds;
+  prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Counter& requests;
   prometheus::Counter& prompt_tokens;
   prometheus::Gauge& achieved_flops;      // FLOP/s of the last batch

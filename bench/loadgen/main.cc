@@ -17,12 +17,11 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "bench/loadgen/client.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
+#include "common/cli.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Generation server (router or pdserve_colocated), host:port");
 ABSL_FLAG(std::string, arrival, "poisson", "Arrival process: poisson, fixed (constant rate) or burst (all at once)");
@@ -142,7 +141,6 @@ int Main() {
 }  // namespace pdserve::loadgen
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Load generator for pdserve.v1.Generation servers");
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(argc, argv, "Load generator for pdserve.v1.Generation servers", __FILE__);
   return pdserve::loadgen::Main();
 }

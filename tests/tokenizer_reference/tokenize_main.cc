@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/cli.h"
 #include "engine/bpe_tokenizer.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer_loader.h"
@@ -140,7 +140,7 @@ Json HandleTemplate(const Json& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(argc, argv, "Tokenizes and renders chat templates from JSON lines on stdin (tokenizer reference check)", __FILE__);
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = pdserve::engine::LoadTokenizer(dir);
   if (!tok.ok()) {

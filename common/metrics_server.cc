@@ -12,12 +12,19 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     std::shared_ptr<prometheus::Registry> registry, const std::string& host, int port) {
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->registry_ = std::move(registry);
+  s->process_ = std::make_unique<ProcessCollector>();
   s->server_ = std::make_unique<httplib::Server>();
+  // One request per connection, and at most 1 s to send it (see the header).
+  s->server_->set_keep_alive_max_count(1);
+  s->server_->set_keep_alive_timeout(1);
+  s->server_->set_read_timeout(2, 0);
   prometheus::Registry* reg = s->registry_.get();
-  s->server_->Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
+  const ProcessCollector* process = s->process_.get();
+  s->server_->Get("/metrics", [reg, process](const httplib::Request&, httplib::Response& res) {
+    std::vector<prometheus::MetricFamily> families = reg->Collect();
+    for (prometheus::MetricFamily& f : process->Collect()) families.push_back(std::move(f));
     prometheus::TextSerializer serializer;
-    res.set_content(serializer.Serialize(reg->Collect()),
-                    "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(serializer.Serialize(families), "text/plain; version=0.0.4; charset=utf-8");
   });
   s->server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
@@ -52,15 +59,46 @@ MetricsServer::~MetricsServer() {
   if (thread_.joinable()) thread_.join();
 }
 
+// The dense ranges step through the E24 series (1.0, 1.1, 1.2, 1.3, 1.5, ...
+// per decade: about 10% apart), with the SLO buckets 0.25 s and 2.5 s added.
+const std::vector<double>& TimeToFirstTokenBuckets() {
+  static const std::vector<double>
+      kBuckets = {0.001, 0.0025, 0.005, 0.0075,                                     // 1-8 ms
+                  0.01,  0.012,  0.015, 0.018,  0.022, 0.027, 0.033, 0.039, 0.047,  // ~20%
+                  0.051, 0.056,  0.062, 0.068,  0.075, 0.082, 0.091,                // E24 ...
+                  0.1,   0.11,   0.12,  0.13,   0.15,  0.16,  0.18,  0.2,   0.22,  0.24,
+                  0.25,  0.27,   0.3,   0.33,   0.36,  0.39,  0.43,  0.47,  0.51,  0.56,
+                  0.62,  0.68,   0.75,  0.82,   0.91,  1.0,   1.1,   1.2,   1.3,   1.5,
+                  1.6,   1.8,    2.0,   2.2,    2.4,   2.5,   2.7,   3.0,  // ... to 3 s
+                  3.5,   4.0,    5.0,   6.0,    8.0,   10.0,  12.0,  15.0,  20.0,  30.0,
+                  45.0,  60.0,   90.0,  120.0};
+  return kBuckets;
+}
+
+const std::vector<double>& InterTokenLatencyBuckets() {
+  static const std::vector<double> kBuckets = {
+      0.001,  0.0015, 0.002,  0.0025,                                          // 1-3 ms
+      0.003,  0.0033, 0.0036, 0.0039, 0.0043, 0.0047, 0.0051, 0.0056, 0.0062,  // E24 ...
+      0.0068, 0.0075, 0.0082, 0.0091, 0.01,   0.011,  0.012,  0.013,  0.015,  0.016, 0.018,
+      0.02,   0.022,  0.024,  0.027,  0.03,   0.033,  0.036,  0.039,  0.043,  0.047, 0.051,
+      0.056,  0.062,  0.068,  0.075,  0.082,  0.091,  0.1,    0.11,   0.12,   0.13,  0.15,
+      0.16,   0.18,   0.2,    0.22,   0.24,   0.25,   0.27,   0.3,  // ... to 300 ms
+      0.4,    0.5,    0.75,   1.0,    1.5,    2.0,    3.0,    5.0,    7.5,    10.0,  15.0,
+      20.0,   30.0,   60.0};
+  return kBuckets;
+}
+
 const std::vector<double>& LatencyBuckets() {
-  static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                               0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+  static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01,  0.025, 0.05,
+                                               0.1,   0.25,   0.5,   1.0,   2.5,   5.0,
+                                               10.0,  30.0,   60.0,  120.0, 300.0, 600.0};
   return kBuckets;
 }
 
 const std::vector<double>& TokenLatencyBuckets() {
-  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                               0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5};
+  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                               0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                               1.0,    2.5,     5.0,    10.0,  30.0};
   return kBuckets;
 }
 

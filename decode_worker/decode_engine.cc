@@ -199,6 +199,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
     return;
   }
   seq.state = State::kRunning;
+  seq.last_token_time = absl::Now();
   ++num_running_;
   UpdateGaugesLocked();
 }
@@ -273,7 +274,8 @@ void DecodeEngine::Loop() {
             {.prompt = seq.prompt, .generated = seq.generated}, config.eos_token_ids, scratch);
       }
     }
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const absl::Time end = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(end - start);
     metrics_->step_seconds.Observe(seconds);
     metrics_->batch_size.Observe(static_cast<double>(batch.size()));
     if (seconds > 0) {
@@ -304,6 +306,8 @@ void DecodeEngine::Loop() {
       ++seq.position;
       seq.last_token = token;
       metrics_->generation_tokens.Increment();
+      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - seq.last_token_time));
+      seq.last_token_time = end;
       const int num_generated = static_cast<int>(seq.generated.size());
       const engine::FinishReason reason = engine::CheckFinish(
           config, seq.sampling, token, num_generated, seq.prompt_len + num_generated);

@@ -63,7 +63,8 @@ class DecodeStream : public OutputQueue<DecodeOutput> {
 struct DecodeEngineOptions {
   int max_running = 256;                        // sequences in the batch plus waiting for KV
   absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
-  // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
+  // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown
+  // (the gauge stays 0).
   double peak_memory_bandwidth = 0;
 };
 
@@ -103,6 +104,7 @@ class DecodeEngine {
     State state = State::kAwaitingKv;
     int32_t last_token = 0;  // newest token, not yet in the cache
     int position = 0;        // position of last_token
+    absl::Time last_token_time;  // joining the batch, then each token's step end
     bool cancelled = false;
     bool in_step = false;    // part of the step being computed
     kvtransfer::TransferId transfer_id = 0;

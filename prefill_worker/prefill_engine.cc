@@ -259,6 +259,7 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
       }
       done->store(true);
     });
+    metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(absl::Now() - job.enqueued));
     job.ticket->Complete(PrefillOutcome{
         .first_token = std::move(first),
         .queue_seconds = absl::ToDoubleSeconds(start - job.enqueued),

@@ -50,17 +50,17 @@ class MetricsServer {
 
 // Histogram buckets, in seconds. Prometheus estimates a quantile by linear
 // interpolation inside the bucket that holds it, so its error is up to the
-// bucket's width: the two client-facing histograms have buckets about 10%
-// apart over the range where serving runs, the alert thresholds and SLO
-// buckets included, and coarser only at the extremes (docs/performance.md
-// compares their quantiles with client-measured percentiles).
+// bucket's width: the two client-facing histograms have bounds about 7%
+// apart where their values usually fall and at the SLO and alert
+// thresholds, coarser only at the extremes (docs/performance.md compares
+// their quantiles with client-measured percentiles).
 //
-// Time to first token: 1 ms to 120 s; 10% steps from 50 ms to 3 s (the TTFT
-// alert at 2 s, the 2.5 s SLO bucket).
+// Time to first token: 1 ms to 120 s; ~7% steps from 0.1 s to 5 s (the TTFT
+// alert and SLO at 2 s), ~20% from 10 ms to 0.1 s.
 const std::vector<double>& TimeToFirstTokenBuckets();
 // Inter-token latency: 1 ms to 60 s (a stall of many seconds reads as what
-// it is); 10% steps from 3 ms to 300 ms (the ITL alert at 200 ms, the
-// 250 ms SLO bucket).
+// it is); ~10% steps from 3 ms to 1 s, ~7% from 0.1 s to 0.3 s (the ITL
+// alert and SLO at 200 ms).
 const std::vector<double>& InterTokenLatencyBuckets();
 // Other request-scale durations (E2E, queue time, prefill step, KV
 // transfer): 1 ms to 600 s.

@@ -15,9 +15,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(HistogramQuantileTest, InterpolatesInsideTheBucketAsPrometheusDoes) {
-  // Every observation in (2.5, 5]: p99 = 2.5 + 2.5 * 0.99.
-  EXPECT_DOUBLE_EQ(HistogramQuantile(0.99, {{1, 0}, {2.5, 0}, {5, 10}, {kInf, 10}}), 4.975);
-  EXPECT_DOUBLE_EQ(HistogramQuantile(0.99, {{0.25, 0}, {0.5, 100}, {kInf, 100}}), 0.4975);
+  // Every observation in (2, 5]: p99 = 2 + 3 * 0.99.
+  EXPECT_DOUBLE_EQ(HistogramQuantile(0.99, {{1, 0}, {2, 0}, {5, 10}, {kInf, 10}}), 4.97);
+  EXPECT_DOUBLE_EQ(HistogramQuantile(0.99, {{0.2, 0}, {0.5, 100}, {kInf, 100}}), 0.497);
   // The first bucket starts at 0.
   EXPECT_DOUBLE_EQ(HistogramQuantile(0.5, {{1, 4}, {2, 4}, {kInf, 4}}), 0.5);
   // A rank in the +Inf bucket reads as the largest finite bound.

@@ -8,8 +8,9 @@
 #      histogram's bare name;
 #   2. every binary the Dockerfiles install is an executable of the CMake
 #      file of its directory (output name included), every `--target` is a
-#      CMake executable target, and every binary a Deployment runs is
-#      installed by every Dockerfile;
+#      CMake executable target, every binary a Deployment runs is installed
+#      by every Dockerfile, and each image's default CMD is an installed
+#      binary with --help or --version (which exit 0: cli_test);
 #   3. every flag a Deployment passes (base and overlay patches) is an
 #      ABSL_FLAG of the binary it runs.
 #   consistency_test.sh SOURCE_DIR
@@ -121,6 +122,19 @@ for df in "${dockerfiles[@]}"; do
   for b in $deployed_binaries; do
     grep -q "/$b\$" <<<"$installed" || fail "$rel: does not install $b, which a Deployment runs"
   done
+  # The default command runs: an installed binary with --help or --version,
+  # which every binary answers with exit status 0 (cli_test).
+  cmd=$(sed -n 's/^CMD \[\(.*\)\]$/\1/p' "$df" | tr -d '" ' | tr ',' ' ')
+  set -- $cmd
+  if [ $# -eq 0 ]; then
+    fail "$rel: no CMD"
+  else
+    grep -q "/$(basename "$1")\$" <<<"$installed" || fail "$rel: CMD runs $1, which it does not install"
+    shift
+    for arg in "$@"; do
+      [[ "$arg" =~ ^--(help|version)$ ]] || fail "$rel: CMD passes $arg; an image's default command must run without a model: --help or --version"
+    done
+  fi
 done
 echo "binaries: $(grep -c . <<<"$executables") CMake executables; Deployments run: ${deployed_binaries//$'\n'/ }"
 

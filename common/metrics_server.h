@@ -56,11 +56,12 @@ class MetricsServer {
 // their quantiles with client-measured percentiles).
 //
 // Time to first token: 1 ms to 120 s; ~7% steps from 0.1 s to 5 s (the TTFT
-// alert and SLO at 2 s), ~20% from 10 ms to 0.1 s.
+// alert and SLO at 2 s), ~20% from 10 ms to 0.1 s, at most 12.5% from 5 s
+// to 10 s.
 const std::vector<double>& TimeToFirstTokenBuckets();
 // Inter-token latency: 1 ms to 60 s (a stall of many seconds reads as what
 // it is); ~10% steps from 3 ms to 1 s, ~7% from 0.1 s to 0.3 s (the ITL
-// alert and SLO at 200 ms).
+// alert and SLO at 200 ms), about 12% from 1 s to 10 s.
 const std::vector<double>& InterTokenLatencyBuckets();
 // Other request-scale durations (E2E, queue time, prefill step, KV
 // transfer): 1 ms to 600 s.

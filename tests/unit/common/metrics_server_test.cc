@@ -162,6 +162,9 @@ TEST(MetricsServerTest, LatencyBucketsFitLlmServing) {
   // around the 200 ms SLO and alert.
   ExpectBuckets(InterTokenLatencyBuckets(), 0.001, 30, 0.003, 1.0, 1.15, {0.1, 0.2, 0.25});
   ExpectBuckets(InterTokenLatencyBuckets(), 0.001, 30, 0.1, 0.3, 1.075, {});
+  // Stalls of 1-10 s (ITL) and overloads of 5-10 s (TTFT) read within ~12%.
+  ExpectBuckets(InterTokenLatencyBuckets(), 0.001, 30, 1.0, 10.0, 1.15, {});
+  ExpectBuckets(TimeToFirstTokenBuckets(), 0.001, 120, 5.0, 10.0, 1.15, {});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "bench/loadgen/histogram_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -92,9 +93,14 @@ HistogramCheck CheckHistogram(const std::string& metric, const Buckets& run_buck
                               const std::vector<double>& client_values) {
   HistogramCheck out{.metric = metric,
                      .observations = run_buckets.empty() ? 0 : run_buckets.rbegin()->second};
+  std::vector<double> sorted = client_values;
+  std::sort(sorted.begin(), sorted.end());
   for (double q : {0.5, 0.9, 0.99}) {
+    const double rank = std::ceil(q * static_cast<double>(sorted.size()));
+    const size_t index = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
     out.quantiles.push_back({.q = q,
                              .client = Percentile(client_values, q),
+                             .client_rank_rule = sorted.empty() ? 0 : sorted[index],
                              .histogram = HistogramQuantile(q, run_buckets)});
   }
   return out;
@@ -108,7 +114,9 @@ nlohmann::json ToJson(const std::vector<HistogramCheck>& checks) {
       m[absl::StrCat("p", static_cast<int>(std::lround(q.q * 100)))] = {
           {"client_s", q.client},
           {"histogram_s", std::isnan(q.histogram) ? nlohmann::json() : nlohmann::json(q.histogram)},
-          {"relative_difference", q.relative_difference()}};
+          {"relative_difference", q.relative_difference()},
+          {"client_rank_rule_s", q.client_rank_rule},
+          {"bucket_error", q.bucket_error()}};
     }
     out[c.metric] = m;
   }
@@ -124,21 +132,25 @@ std::string Cell(const QuantileCheck& q) {
 }  // namespace
 
 std::string ToTable(const std::vector<HistogramCheck>& checks) {
-  std::string out = "server histograms against client percentiles (ms: client / histogram)\n";
+  std::string out =
+      "server histograms against client percentiles (ms: client / histogram; then the client's "
+      "value by Prometheus's rank rule)\n";
   for (const HistogramCheck& c : checks) {
     absl::StrAppend(&out,
                     absl::StrFormat("  %-40s %7.0f observations\n", c.metric, c.observations));
     for (const QuantileCheck& q : c.quantiles) {
-      absl::StrAppend(&out, absl::StrFormat("    p%-3d %s\n",
-                                            static_cast<int>(std::lround(q.q * 100)), Cell(q)));
+      absl::StrAppend(&out, absl::StrFormat("    p%-3d %s; rank rule %s (%+.0f%%)\n",
+                                            static_cast<int>(std::lround(q.q * 100)), Cell(q),
+                                            Ms(q.client_rank_rule), q.bucket_error() * 100));
     }
   }
   return out;
 }
 
 std::string HistogramMarkdownHeader() {
-  return "| run | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p90 | ITL p99 |\n"
-         "| --- | --- | --- | --- | --- | --- | --- |\n";
+  return "| run | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p90 | ITL p99 | TTFT p99 bucket "
+         "error | ITL p99 bucket error |\n"
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
 }
 
 std::string HistogramMarkdownRow(const std::vector<HistogramCheck>& checks,
@@ -146,6 +158,11 @@ std::string HistogramMarkdownRow(const std::vector<HistogramCheck>& checks,
   std::string row = absl::StrCat("| ", label);
   for (const HistogramCheck& c : checks) {
     for (const QuantileCheck& q : c.quantiles) absl::StrAppend(&row, " | ", Cell(q));
+  }
+  for (const HistogramCheck& c : checks) {
+    if (!c.quantiles.empty()) {
+      absl::StrAppend(&row, absl::StrFormat(" | %+.0f%%", c.quantiles.back().bucket_error() * 100));
+    }
   }
   return row + " |\n";
 }

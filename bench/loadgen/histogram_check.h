@@ -31,9 +31,18 @@ absl::StatusOr<std::string> Scrape(const std::string& host_port);
 
 struct QuantileCheck {
   double q = 0;
-  double client = 0;     // the load generator's percentile (numpy's linear)
+  double client = 0;  // the load generator's percentile (numpy's linear)
+  // The same values under Prometheus's rank rule: the ceil(q n)-th smallest,
+  // what histogram_quantile tends to as buckets narrow. With few values the
+  // two rules differ at the tail (the p99 of 45 values: numpy interpolates
+  // between the two largest, the rank rule takes the largest), whatever
+  // the buckets.
+  double client_rank_rule = 0;
   double histogram = 0;  // histogram_quantile over the run's buckets
   double relative_difference() const { return client > 0 ? histogram / client - 1 : 0; }
+  double bucket_error() const {
+    return client_rank_rule > 0 ? histogram / client_rank_rule - 1 : 0;
+  }
 };
 struct HistogramCheck {
   std::string metric;
@@ -47,7 +56,8 @@ HistogramCheck CheckHistogram(const std::string& metric, const Buckets& run_buck
 nlohmann::json ToJson(const std::vector<HistogramCheck>& checks);
 std::string ToTable(const std::vector<HistogramCheck>& checks);
 std::string HistogramMarkdownHeader();
-// One row: label, then per metric "client / histogram (difference)" per quantile.
+// One row: label, then per metric "client / histogram (difference)" per
+// quantile, then each metric's p99 bucket error (against the rank rule).
 std::string HistogramMarkdownRow(const std::vector<HistogramCheck>& checks,
                                  const std::string& label);
 

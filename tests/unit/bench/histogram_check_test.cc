@@ -65,6 +65,10 @@ TEST(CheckHistogramTest, ComparesWithTheClientsPercentiles) {
   EXPECT_DOUBLE_EQ(c.quantiles[0].client, 0.55);    // numpy: between the 5th and 6th
   EXPECT_DOUBLE_EQ(c.quantiles[0].histogram, 0.5);  // Prometheus: rank 5 in (0.4, 0.5]
   EXPECT_NEAR(c.quantiles[0].relative_difference(), 0.5 / 0.55 - 1, 1e-12);
+  // Rank rule: the 5th smallest (ceil(0.5 * 10)); p99: the 10th.
+  EXPECT_DOUBLE_EQ(c.quantiles[0].client_rank_rule, 0.5);
+  EXPECT_DOUBLE_EQ(c.quantiles[2].client_rank_rule, 1.0);
+  EXPECT_NEAR(c.quantiles[0].bucket_error(), 0, 1e-12);
   EXPECT_NE(HistogramMarkdownRow({c}, "run").find("| run | 550.0 / 500.0 (-9%)"), std::string::npos)
       << HistogramMarkdownRow({c}, "run");
 }

@@ -348,6 +348,9 @@ int Main() {
 }  // namespace pdserve::bench
 
 int main(int argc, char** argv) {
-  pdserve::ParseFlags(argc, argv, "CPU engine benchmark: prefill and decode throughput next to measured memory bandwidth", __FILE__);
+  pdserve::ParseFlags(
+      argc, argv,
+      "CPU engine benchmark: prefill and decode throughput next to measured memory bandwidth",
+      __FILE__);
   return pdserve::bench::Main();
 }

@@ -36,7 +36,9 @@ ABSL_FLAG(int, timeout_ms, 60000, "Deadline of the call");
 ABSL_FLAG(bool, print_ids, false, "Print token ids instead of text");
 
 int main(int argc, char** argv) {
-  pdserve::ParseFlags(argc, argv, "Streams one generation from a pdserve router and prints it with its latencies", __FILE__);
+  pdserve::ParseFlags(
+      argc, argv, "Streams one generation from a pdserve router and prints it with its latencies",
+      __FILE__);
   pdserve::v1::GenerateRequest request;
   if (!absl::GetFlag(FLAGS_token_ids).empty()) {
     for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_token_ids), ',')) {

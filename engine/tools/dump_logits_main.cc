@@ -100,6 +100,8 @@ int Main() {
 }  // namespace pdserve::engine
 
 int main(int argc, char** argv) {
-  pdserve::ParseFlags(argc, argv, "Prints prefill and decode logits and a greedy continuation of a model as JSON", __FILE__);
+  pdserve::ParseFlags(
+      argc, argv, "Prints prefill and decode logits and a greedy continuation of a model as JSON",
+      __FILE__);
   return pdserve::engine::Main();
 }

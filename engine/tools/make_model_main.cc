@@ -56,7 +56,8 @@ ABSL_FLAG(std::string, tokenizer, "byte",
           "--generation_eos says otherwise");
 
 int main(int argc, char** argv) {
-  pdserve::ParseFlags(argc, argv, "Writes a random-weight model directory in the Hugging Face layout", __FILE__);
+  pdserve::ParseFlags(
+      argc, argv, "Writes a random-weight model directory in the Hugging Face layout", __FILE__);
   const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
   if (out_dir.empty()) {
     std::cerr << "pdserve_make_model: --out_dir is required\n";

@@ -140,7 +140,10 @@ Json HandleTemplate(const Json& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pdserve::ParseFlags(argc, argv, "Tokenizes and renders chat templates from JSON lines on stdin (tokenizer reference check)", __FILE__);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Tokenizes and renders chat templates from JSON lines on stdin (tokenizer reference check)",
+      __FILE__);
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = pdserve::engine::LoadTokenizer(dir);
   if (!tok.ok()) {

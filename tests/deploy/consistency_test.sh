@@ -12,7 +12,9 @@
 #      by every Dockerfile, and each image's default CMD is an installed
 #      binary with --help or --version (which exit 0: cli_test);
 #   3. every flag a Deployment passes (base and overlay patches) is an
-#      ABSL_FLAG of the binary it runs.
+#      ABSL_FLAG of the binary it runs;
+#   4. every alert has a runbook section in docs/operations.md that its
+#      runbook annotation links to.
 #   consistency_test.sh SOURCE_DIR
 set -euo pipefail
 trap 'echo "FAIL: unexpected error at line $LINENO of $0"' ERR
@@ -76,6 +78,19 @@ for rel in "${metric_sources[@]}"; do
   done
 done
 echo "metrics: $n_used names used in ${#metric_sources[@]} files, $n_registered registered"
+
+# --- 4. Every alert has a runbook section in docs/operations.md, and its runbook
+# annotation links to it.
+n_alerts=0
+for alert in $(sed -n 's/^ *- alert: \([A-Za-z0-9]*\)$/\1/p' "$src/deploy/prometheus/pdserve.rules.yml"); do
+  n_alerts=$((n_alerts + 1))
+  grep -qx "### $alert" "$src/docs/operations.md" || fail "alert $alert has no '### $alert' runbook section in docs/operations.md"
+  anchor=$(tr '[:upper:]' '[:lower:]' <<<"$alert")
+  awk -v a="$alert" '$0 ~ "- alert: " a "$" { on = 1; next } on && /- alert: / { exit } on' \
+      "$src/deploy/prometheus/pdserve.rules.yml" | grep -q "runbook: \"docs/operations.md#$anchor\"" ||
+    fail "alert $alert: no runbook annotation docs/operations.md#$anchor"
+done
+echo "alerts: $n_alerts, each with a runbook section"
 
 # --- 2. Binaries: CMake executables, Dockerfiles, Deployments ---------------
 # "DIR TARGET OUTPUT_NAME SOURCE" for every add_executable outside tests/.

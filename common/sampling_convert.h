@@ -2,7 +2,7 @@
 // engine's struct. Used by the router (to build jobs) and both workers.
 #pragma once
 
-#include "engine/sampler.h"
+#include "engine/runtime/sampler.h"
 #include "pdserve/internal/v1/worker.pb.h"
 
 namespace pdserve {

@@ -182,8 +182,7 @@ void ColocatedEngine::Loop() {
 }
 
 void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
-  const engine::ModelConfig& config = runner_->config();
-  std::vector<engine::PrefillSequence> inputs;
+  engine::StepBatch step;
   std::vector<double> queue_seconds;
   const absl::Time start = absl::Now();
   {
@@ -192,25 +191,25 @@ void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
     absl::MutexLock lock(&mu_);
     for (engine::SeqId id : ids) {
       const Sequence& seq = seqs_.at(id);
-      inputs.push_back({.tokens = seq.prompt, .block_table = seq.block_table});
+      step.seqs.push_back({.tokens = seq.prompt,
+                           .num_cached = 0,
+                           .block_table = seq.block_table,
+                           .sampling = &seq.sampling,
+                           .history = {.prompt = seq.prompt, .generated = {}}});
       queue_seconds.push_back(absl::ToDoubleSeconds(start - seq.submitted));
     }
   }
-  std::vector<float> logits;
-  const absl::Status status = runner_->Prefill(inputs, nullptr, logits);
+  absl::StatusOr<engine::StepOutput> output = runner_->Step(std::move(step));
+  const absl::Status status = output.status();
   metrics_->prefill_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
   metrics_->prefill_steps.Increment();
 
-  const size_t vocab = static_cast<size_t>(config.vocab_size);
-  std::vector<float> scratch;
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     Sequence& seq = seqs_.at(ids[i]);
     if (!SettleLocked(ids[i], seq, status, "prefill")) continue;
-    // The same sampling pipeline as the prefill worker's first token.
-    const engine::SampledToken first =
-        engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
-                       {.prompt = seq.prompt, .generated = {}}, config.eos_token_ids, scratch);
+    // The runner samples with the same pipeline as the prefill worker.
+    const engine::SampledToken& first = output->sampled[i];
     seq.position = static_cast<int>(seq.prompt.size());
     ApplyTokenLocked(ids[i], seq, first.token, queue_seconds[i]);
   }
@@ -234,35 +233,26 @@ bool ColocatedEngine::SettleLocked(engine::SeqId id, Sequence& seq, const absl::
 }
 
 void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
-  const engine::ModelConfig& config = runner_->config();
-  std::vector<engine::DecodeSequence> batch;
-  std::vector<const Sequence*> seqs;
+  engine::StepBatch batch;
   {
     // Nodes of seqs_ do not move, and an in-step sequence is only changed
     // (its history appended, or erased) by this thread after the step.
     absl::MutexLock lock(&mu_);
     for (engine::SeqId id : ids) {
       const Sequence& seq = seqs_.at(id);
-      batch.push_back(
-          {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
-      seqs.push_back(&seq);
+      batch.seqs.push_back({.tokens = {&seq.last_token, 1},
+                            .num_cached = seq.position,
+                            .block_table = seq.block_table,
+                            .sampling = &seq.sampling,
+                            .history = {.prompt = seq.prompt, .generated = seq.generated}});
     }
   }
   const absl::Time start = absl::Now();
-  std::vector<float> logits;
-  const absl::Status status = runner_->Decode(batch, logits);
+  absl::StatusOr<engine::StepOutput> output = runner_->Step(std::move(batch));
+  const absl::Status status = output.status();
   std::vector<int32_t> sampled(ids.size(), 0);
   if (status.ok()) {
-    // The same sampling pipeline as the decode worker.
-    const size_t vocab = static_cast<size_t>(config.vocab_size);
-    std::vector<float> scratch;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                  seqs[i]->sampling,
-                                  {.prompt = seqs[i]->prompt, .generated = seqs[i]->generated},
-                                  config.eos_token_ids, scratch)
-                       .token;
-    }
+    for (size_t i = 0; i < ids.size(); ++i) sampled[i] = output->sampled[i].token;
   }
   metrics_->decode_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
   metrics_->decode_steps.Increment();

@@ -31,10 +31,10 @@
 #include "absl/time/time.h"
 #include "common/output_queue.h"
 #include "decode_worker/colocated_metrics.h"
-#include "engine/block_manager.h"
-#include "engine/finish.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/runtime/finish.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 
 namespace pdserve::colocated {
 
@@ -145,7 +145,7 @@ class ColocatedEngine {
   ColocatedMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
-  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
+  engine::KvCacheManager blocks_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<engine::SeqId, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
   std::deque<engine::SeqId> waiting_ ABSL_GUARDED_BY(mu_);  // FCFS
   std::vector<engine::SeqId> running_ ABSL_GUARDED_BY(mu_);

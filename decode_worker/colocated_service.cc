@@ -86,7 +86,7 @@ grpc::Status ColocatedService::Serve(grpc::ServerContext* context,
   }
   metrics_->prompt_tokens.Increment(prompt_len);
 
-  engine::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
+  text::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
   int completion_tokens = 0;
   double queue_seconds = 0;
   absl::Time first_token_time, last_token_time;

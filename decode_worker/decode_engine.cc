@@ -233,14 +233,11 @@ void DecodeEngine::Loop() {
       static_cast<double>(config.KvBytesPerToken(engine::KvDtypeBytes(runner_->kv_dtype())));
   std::vector<engine::SeqId> ids;
   std::vector<Sequence*> batch_seqs;
-  std::vector<engine::DecodeSequence> batch;
-  std::vector<engine::SampledToken> sampled;
-  std::vector<float> logits;
-  std::vector<float> scratch;
+  engine::StepBatch batch;
   while (true) {
     ids.clear();
     batch_seqs.clear();
-    batch.clear();
+    batch.seqs.clear();
     double kv_tokens = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -254,30 +251,27 @@ void DecodeEngine::Loop() {
         seq.in_step = true;
         ids.push_back(id);
         batch_seqs.push_back(&seq);
-        batch.push_back(
-            {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
+        // Histories are only appended to by this thread, after the step.
+        batch.seqs.push_back({.tokens = {&seq.last_token, 1},
+                              .num_cached = seq.position,
+                              .block_table = seq.block_table,
+                              .sampling = &seq.sampling,
+                              .history = {.prompt = seq.prompt, .generated = seq.generated}});
         kv_tokens += seq.position + 1;
       }
     }
-    if (batch.empty()) continue;
+    if (batch.seqs.empty()) continue;
 
     const absl::Time start = absl::Now();
-    absl::Status status = runner_->Decode(batch, logits);
-    sampled.assign(batch.size(), {});
-    if (status.ok()) {
-      // Histories are only appended to by this thread, after the step.
-      const size_t vocab = static_cast<size_t>(config.vocab_size);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const Sequence& seq = *batch_seqs[i];
-        sampled[i] = engine::Sample(
-            std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
-            {.prompt = seq.prompt, .generated = seq.generated}, config.eos_token_ids, scratch);
-      }
-    }
+    const size_t batch_size = batch.seqs.size();
+    absl::StatusOr<engine::StepOutput> output = runner_->Step(batch);
+    const absl::Status status = output.status();
+    std::vector<engine::SampledToken> sampled =
+        status.ok() ? std::move(output->sampled) : std::vector<engine::SampledToken>(batch_size);
     const absl::Time end = absl::Now();
     const double seconds = absl::ToDoubleSeconds(end - start);
     metrics_->step_seconds.Observe(seconds);
-    metrics_->batch_size.Observe(static_cast<double>(batch.size()));
+    metrics_->batch_size.Observe(static_cast<double>(batch_size));
     if (seconds > 0) {
       const double bytes_per_second = (weight_bytes_ + kv_tokens * kv_bytes_per_token) / seconds;
       metrics_->achieved_bytes_per_second.Set(bytes_per_second);

@@ -24,10 +24,10 @@
 #include "absl/time/time.h"
 #include "common/output_queue.h"
 #include "decode_worker/decode_metrics.h"
-#include "engine/block_manager.h"
-#include "engine/finish.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/runtime/finish.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::decode {
@@ -127,7 +127,7 @@ class DecodeEngine {
   const double weight_bytes_;
 
   mutable absl::Mutex mu_;
-  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
+  engine::KvCacheManager blocks_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<engine::SeqId, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
   int num_running_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -70,7 +70,8 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
   const int n = static_cast<int>(request.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (n >= config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", n, " tokens leaves no room in the context of ",
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", n,
+                                                   " tokens leaves no room in the context of ",
                                                    config.max_position_embeddings));
   }
   for (int32_t t : request.prompt) {
@@ -79,7 +80,8 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
           absl::StrCat("prompt_token_ids: token ", t, " outside [0, ", config.vocab_size, ")"));
     }
   }
-  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size); !s.ok()) {
+  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size);
+      !s.ok()) {
     return s;
   }
   if (request.kv_session == nullptr) return absl::InvalidArgumentError("no KV session");
@@ -189,15 +191,21 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
     UpdateGaugesLocked();
   }
 
-  std::vector<engine::PrefillSequence> inputs;
+  engine::StepBatch step;
   for (size_t i = 0; i < batch.size(); ++i) {
-    inputs.push_back({.tokens = batch[i].request.prompt, .block_table = tables[i]});
+    const PrefillRequest& r = batch[i].request;
+    step.seqs.push_back({.tokens = r.prompt,
+                         .num_cached = 0,
+                         .block_table = tables[i],
+                         .sampling = &r.sampling,
+                         .history = {.prompt = r.prompt, .generated = {}}});
   }
   std::vector<absl::Status> send_status(batch.size());
   std::vector<size_t> sent_bytes(batch.size(), 0);
   std::optional<absl::Time> first_layer_sent;
-  // Runs on this thread after each layer: copy its KV out and queue it.
-  auto on_layer_done = [&](int layer) {
+  // After each layer: copy its KV out and queue it, while the runner
+  // computes the next layer.
+  auto send_layer = [&](int layer) {
     if (!first_layer_sent) first_layer_sent = absl::Now();
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!send_status[i].ok()) continue;
@@ -209,8 +217,16 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
       send_status[i] = batch[i].request.kv_session->SendLayer(layer, std::move(payload));
     }
   };
-  std::vector<float> logits;
-  absl::Status status = runner_->Prefill(inputs, on_layer_done, logits);
+  absl::StatusOr<engine::StepOutput> output = [&]() -> absl::StatusOr<engine::StepOutput> {
+    absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner_->Enqueue(std::move(step));
+    if (!handle.ok()) return handle.status();
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+      send_layer(layer);
+    }
+    return (*handle)->Wait();
+  }();
+  const absl::Status status = output.status();
   const absl::Time compute_end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(compute_end - start);
   metrics_->step_seconds.Observe(seconds);
@@ -220,8 +236,6 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
     if (options_.peak_flops > 0) metrics_->mfu.Set(flops / seconds / options_.peak_flops);
   }
 
-  const size_t vocab = static_cast<size_t>(config.vocab_size);
-  std::vector<float> scratch;
   const absl::Time transfer_start = first_layer_sent.value_or(compute_end);
   for (size_t i = 0; i < batch.size(); ++i) {
     Job& job = batch[i];
@@ -239,15 +253,13 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
           absl::StrCat("KV transfer to the decode worker failed: ", send_status[i].message())));
       continue;
     }
-    engine::SampledToken first = engine::Sample(
-        std::span<const float>(logits).subspan(i * vocab, vocab), job.request.sampling,
-        {.prompt = job.request.prompt, .generated = {}}, config.eos_token_ids, scratch);
+    engine::SampledToken first = std::move(output->sampled[i]);
     auto done = std::make_shared<std::atomic<bool>>(false);
     PrefillMetrics* metrics = metrics_;
     const size_t bytes = sent_bytes[i];
     const std::string request_id = job.request.request_id;
     job.request.kv_session->Finish(first.token, [metrics, done, bytes, transfer_start, compute_end,
-                                           request_id](absl::Status s) {
+                                                 request_id](absl::Status s) {
       const absl::Time now = absl::Now();
       if (s.ok()) {
         metrics->kv_transfer_seconds.Observe(absl::ToDoubleSeconds(now - transfer_start));
@@ -260,10 +272,10 @@ void PrefillEngine::RunBatch(std::vector<Job>& batch) {
       done->store(true);
     });
     metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(absl::Now() - job.enqueued));
-    job.ticket->Complete(PrefillOutcome{
-        .first_token = std::move(first),
-        .queue_seconds = absl::ToDoubleSeconds(start - job.enqueued),
-        .compute_seconds = seconds});
+    job.ticket->Complete(
+        PrefillOutcome{.first_token = std::move(first),
+                       .queue_seconds = absl::ToDoubleSeconds(start - job.enqueued),
+                       .compute_seconds = seconds});
     absl::MutexLock lock(&mu_);
     sending_.push_back(Sending{std::move(job.request.kv_session), std::move(done)});
   }

@@ -21,9 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/block_manager.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/sampler.h"
 #include "kvtransfer/transport.h"
 #include "prefill_worker/prefill_metrics.h"
 
@@ -108,7 +108,7 @@ class PrefillEngine {
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t running_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int running_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
+  engine::KvCacheManager blocks_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<Sending> sending_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -207,7 +207,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   // 3. Stream: the first token (time to first token ends when it is sent),
   // then the decode worker's tokens, through incremental detokenization and
   // the stop-string matcher.
-  engine::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
+  text::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
   StopMatcher stops(req->stop_strings);
   const bool want_logprobs = req->sampling.logprobs >= 0;
   metrics_->prompt_tokens.Increment(prompt_len);

@@ -2,7 +2,7 @@
 // architecture-specific tensors (Qwen2 biases, Qwen3 q/k norms); sharded
 // checkpoints and hostile index files; generation_config.json through
 // CreateModelRunner; CreateModelRunner option handling.
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 #include <filesystem>
 #include <fstream>
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_writer.h"
+#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "decode_worker/decode_engine.h"
-#include "engine/generator.h"
-#include "engine/model_writer.h"
+#include "engine/runtime/generator.h"
+#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/tcp/tcp_receiver.h"

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli.h"
 #include "engine/model/config.h"
 #include "engine/runtime/model_runner.h"
 #include "tools/model_writer.h"
@@ -348,6 +348,9 @@ int Main() {
 }  // namespace pdserve::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "CPU engine benchmark: prefill and decode throughput next to measured memory bandwidth",
+      __FILE__);
   return pdserve::bench::Main();
 }

@@ -11,12 +11,13 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "decode_worker/colocated_engine.h"
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_service.h"
@@ -78,6 +79,8 @@ int Main() {
   auto registry = std::make_shared<prometheus::Registry>();
   router::RouterMetrics client_metrics(*registry);
   colocated::ColocatedMetrics engine_metrics(*registry);
+  RegisterBuildInfo(*registry, absl::GetFlag(FLAGS_backend),
+                    ModelNameOf(absl::GetFlag(FLAGS_model_dir)));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -101,9 +104,9 @@ int Main() {
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
-  PDSERVE_LOG(INFO) << "colocated server on " << address << ", metrics on port "
-                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
-                    << " KV blocks";
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " colocated server on " << address
+                    << ", metrics on port " << (*metrics_server)->port() << ", "
+                    << (*runner)->num_kv_blocks() << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -124,6 +127,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Prefill and decode in one process behind the Generate API (the serving benchmark baseline)",
+      __FILE__);
   return pdserve::Main();
 }

@@ -197,6 +197,8 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   if (*finish != engine::FinishReason::kNone) {
     entry.stream->Push({.finished = true, .finish_reason = *finish, .completion_tokens = 1});
     entries_.erase(it);  // the scheduler freed it
+  } else {
+    entry.last_token_time = absl::Now();
   }
   UpdateGaugesLocked();
 }
@@ -244,7 +246,8 @@ void DecodeEngine::Loop() {
     const absl::Time start = absl::Now();
     const size_t batch_size = step.ids.size();
     const absl::StatusOr<engine::StepOutput> output = runner_->Step(step.batch);
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const absl::Time end = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(end - start);
     metrics_->step_seconds.Observe(seconds);
     metrics_->batch_size.Observe(static_cast<double>(batch_size));
     if (output.ok() && seconds > 0) {
@@ -273,6 +276,8 @@ void DecodeEngine::Loop() {
       }
       if (!u.token.has_value()) continue;
       metrics_->generation_tokens.Increment();
+      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - entry.last_token_time));
+      entry.last_token_time = end;
       ++entry.num_generated;
       DecodeOutput out{.tokens = {*u.token}};
       if (u.finish != engine::FinishReason::kNone) {

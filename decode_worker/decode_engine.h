@@ -101,6 +101,7 @@ class DecodeEngine {
     bool awaiting_kv = true;
     bool cancelled = false;  // while awaiting KV: the receiver's cancel frees it
     int num_generated = 0;   // tokens pushed, the first one included
+    absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;
 

@@ -299,6 +299,7 @@ void PrefillEngine::FinishJob(Job& job, engine::SampledToken first, size_t sent_
                               absl::Time transfer_start, absl::Time compute_end,
                               double compute_seconds) {
   const int32_t first_token = first.token;
+  metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(absl::Now() - job.enqueued));
   job.ticket->Complete(
       PrefillOutcome{.first_token = std::move(first),
                      .queue_seconds = absl::ToDoubleSeconds(job.started - job.enqueued),

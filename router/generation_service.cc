@@ -131,6 +131,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
     std::optional<size_t> pick = policy_->PickDecode(pool, prompt_len + req->sampling.max_tokens);
     if (!pick) break;
+    if (!tried.empty()) metrics_->CountRetry("decode");
     decode_worker = pool[*pick].desc;
     tried.insert(decode_worker.id);
     decode_ctx = grpc::ClientContext::FromServerContext(*context);
@@ -191,6 +192,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
     CancelAndFinish(*decode_ctx, *decode_stream);
     if (context->IsCancelled())
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    metrics_->CountWorkerFailure("prefill");
     PDSERVE_LOG(WARNING) << "request " << rid << ": prefill on " << prefill_worker.id
                          << " failed: " << prefill_status.error_message();
     return grpc::Status(prefill_status.error_code(),
@@ -317,6 +319,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   if (context->IsCancelled())
     return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
   if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "decode stream ended without finishing");
+  metrics_->CountWorkerFailure("decode");
   PDSERVE_LOG(WARNING) << "request " << rid << ": decode on " << decode_worker.id
                        << " failed: " << s.error_message();
   return grpc::Status(s.error_code(), absl::StrCat("decode failed: ", s.error_message()));

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cli.h"
 #include "engine/runtime/generator.h"
 #include "engine/runner_factory.h"
 #include "nlohmann/json.hpp"
@@ -100,6 +100,8 @@ int Main() {
 }  // namespace pdserve::engine
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv, "Prints prefill and decode logits and a greedy continuation of a model as JSON",
+      __FILE__);
   return pdserve::engine::Main();
 }

@@ -161,6 +161,10 @@ TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
   EXPECT_EQ(all, expected->tokens);
   EXPECT_TRUE(DecodeEmpty(*decode));
   EXPECT_TRUE(PrefillEmpty());
+  // The workers' own latency histograms: one first token at the prefill
+  // worker, one gap per token the decode worker generated (19 of 20).
+  EXPECT_EQ(prefill_metrics_.time_to_first_token.Collect().histogram.sample_count, 1u);
+  EXPECT_EQ(decode_metrics_.inter_token_latency.Collect().histogram.sample_count, 19u);
 }
 
 TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides) {

@@ -11,12 +11,13 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "decode_worker/colocated_engine.h"
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_service.h"
@@ -39,6 +40,9 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences in the decode batch at most");
 ABSL_FLAG(int, max_prefill_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
+          "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
+          "steps of their own)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -75,6 +79,8 @@ int Main() {
   auto registry = std::make_shared<prometheus::Registry>();
   router::RouterMetrics client_metrics(*registry);
   colocated::ColocatedMetrics engine_metrics(*registry);
+  RegisterBuildInfo(*registry, absl::GetFlag(FLAGS_backend),
+                    ModelNameOf(absl::GetFlag(FLAGS_model_dir)));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -85,7 +91,9 @@ int Main() {
   auto engine = std::make_unique<colocated::ColocatedEngine>(
       colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
                                   .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
-                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting)},
+                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting),
+                                  .max_prefill_chunk_tokens =
+                                      absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
       runner->get(), &engine_metrics);
   auto service = std::make_unique<colocated::ColocatedService>(
       engine.get(), &*prompt_source, &client_metrics, absl::GetFlag(FLAGS_worker_id));
@@ -96,9 +104,9 @@ int Main() {
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
-  PDSERVE_LOG(INFO) << "colocated server on " << address << ", metrics on port "
-                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
-                    << " KV blocks";
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " colocated server on " << address
+                    << ", metrics on port " << (*metrics_server)->port() << ", "
+                    << (*runner)->num_kv_blocks() << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -119,6 +127,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Prefill and decode in one process behind the Generate API (the serving benchmark baseline)",
+      __FILE__);
   return pdserve::Main();
 }

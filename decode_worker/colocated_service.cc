@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling_convert.h"
 #include "common/grpc_util.h"
 #include "router/request_validation.h"
 
@@ -86,7 +87,7 @@ grpc::Status ColocatedService::Serve(grpc::ServerContext* context,
   }
   metrics_->prompt_tokens.Increment(prompt_len);
 
-  engine::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
+  text::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
   int completion_tokens = 0;
   double queue_seconds = 0;
   absl::Time first_token_time, last_token_time;
@@ -120,7 +121,7 @@ grpc::Status ColocatedService::Serve(grpc::ServerContext* context,
     if (n > 0 || finished != nullptr) {
       const absl::Time now = absl::Now();
       if (finished != nullptr) {
-        delta.set_finish_reason(static_cast<v1::FinishReason>(finished->finish_reason));
+        delta.set_finish_reason(FinishReasonToProto(finished->finish_reason));
         delta.mutable_usage()->set_prompt_tokens(prompt_len);
         delta.mutable_usage()->set_completion_tokens(completion_tokens + n);
       }

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "decode_worker/colocated_engine.h"
-#include "engine/config.h"
-#include "engine/tokenizer.h"
+#include "engine/model/config.h"
+#include "text/tokenizer.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/prompt_source.h"
 #include "router/router_metrics.h"

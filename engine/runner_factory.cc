@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/config.h"
+#include "engine/model/config.h"
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 namespace pdserve::engine {
 

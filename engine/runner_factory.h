@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model_runner.h"
+#include "engine/runtime/model_runner.h"
 
 namespace pdserve::engine {
 

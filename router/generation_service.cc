@@ -123,6 +123,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   std::unique_ptr<grpc::ClientReader<internal::v1::DecodeEvent>> decode_stream;
   internal::v1::DecodeEvent event;
   WorkerDesc decode_worker;
+  OutstandingWork decode_work;  // released on every path out
   std::set<std::string> tried;
   grpc::Status last_refusal(grpc::StatusCode::UNAVAILABLE, "no live decode worker");
   while (true) {
@@ -130,17 +131,18 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
     std::optional<size_t> pick = policy_->PickDecode(pool, prompt_len + req->sampling.max_tokens);
     if (!pick) break;
+    if (!tried.empty()) metrics_->CountRetry("decode");
     decode_worker = pool[*pick].desc;
     tried.insert(decode_worker.id);
     decode_ctx = grpc::ClientContext::FromServerContext(*context);
-    registry_->AddOutstanding(decode_worker.id, 1, 0);
+    decode_work = registry_->StartWork(decode_worker.id, 0);
     decode_stream = DecodeStub(decode_worker.address).Decode(decode_ctx.get(), decode_job);
     const bool got_event = decode_stream->Read(&event);
     if (got_event && event.has_reserved()) break;
     // A refusal ends the stream with the worker's status; anything else is cut.
     grpc::Status s =
         got_event ? CancelAndFinish(*decode_ctx, *decode_stream) : decode_stream->Finish();
-    registry_->AddOutstanding(decode_worker.id, -1, 0);
+    decode_work.Release();
     decode_stream.reset();
     if (context->IsCancelled())
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
@@ -162,12 +164,6 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
     return grpc::Status(last_refusal.error_code(), absl::StrCat("every decode worker refused: ",
                                                                 last_refusal.error_message()));
   }
-  // Released on every path below.
-  struct DecodeOutstanding {
-    WorkerRegistry* registry;
-    std::string id;
-    ~DecodeOutstanding() { registry->AddOutstanding(id, -1, 0); }
-  } decode_outstanding{registry_, decode_worker.id};
 
   // 2. Prefill on the least-loaded prefill worker; it sends the KV to the
   // decode worker's reservation and answers with the first token.
@@ -188,14 +184,15 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   internal::v1::PrefillResult prefill_result;
   auto prefill_ctx = grpc::ClientContext::FromServerContext(*context);
   const absl::Time dispatch = absl::Now();
-  registry_->AddOutstanding(prefill_worker.id, 1, prompt_len);
+  OutstandingWork prefill_work = registry_->StartWork(prefill_worker.id, prompt_len);
   grpc::Status prefill_status =
       PrefillStub(prefill_worker.address).Prefill(prefill_ctx.get(), prefill_job, &prefill_result);
-  registry_->AddOutstanding(prefill_worker.id, -1, -prompt_len);
+  prefill_work.Release();
   if (!prefill_status.ok()) {
     CancelAndFinish(*decode_ctx, *decode_stream);
     if (context->IsCancelled())
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    metrics_->CountWorkerFailure("prefill");
     PDSERVE_LOG(WARNING) << "request " << rid << ": prefill on " << prefill_worker.id
                          << " failed: " << prefill_status.error_message();
     return grpc::Status(prefill_status.error_code(),
@@ -205,7 +202,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   // 3. Stream: the first token (time to first token ends when it is sent),
   // then the decode worker's tokens, through incremental detokenization and
   // the stop-string matcher.
-  engine::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
+  text::IncrementalDetokenizer detok(*prompt_source_->tokenizer);
   StopMatcher stops(req->stop_strings);
   const bool want_logprobs = req->sampling.logprobs >= 0;
   metrics_->prompt_tokens.Increment(prompt_len);
@@ -322,6 +319,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   if (context->IsCancelled())
     return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
   if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "decode stream ended without finishing");
+  metrics_->CountWorkerFailure("decode");
   PDSERVE_LOG(WARNING) << "request " << rid << ": decode on " << decode_worker.id
                        << " failed: " << s.error_message();
   return grpc::Status(s.error_code(), absl::StrCat("decode failed: ", s.error_message()));

@@ -11,8 +11,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/config.h"
-#include "engine/tokenizer.h"
+#include "engine/model/config.h"
+#include "text/tokenizer.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/request_validation.h"

@@ -10,12 +10,13 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "router/generation_service.h"
 #include "router/prompt_source.h"
 #include "router/registry_service.h"
@@ -60,6 +61,7 @@ int Main() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   router::RouterMetrics metrics(*registry);
+  RegisterBuildInfo(*registry, "none", ModelNameOf(model_dir));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -93,8 +95,8 @@ int Main() {
   });
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
-  PDSERVE_LOG(INFO) << "router serving on " << address << ", metrics on port "
-                    << (*metrics_server)->port();
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
+                    << ", metrics on port " << (*metrics_server)->port();
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -114,6 +116,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(argc, argv,
+                      "The client-facing Generate API, the worker registry and the stream proxy of "
+                      "a pdserve cluster",
+                      __FILE__);
   return pdserve::Main();
 }

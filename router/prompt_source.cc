@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "engine/tokenizer_loader.h"
+#include "text/tokenizer_loader.h"
 
 namespace pdserve::router {
 
@@ -12,10 +12,10 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   if (!config.ok()) return config.status();
   source.config = *std::move(config);
   // tokenizer.json when the model ships one, else the byte-level tokenizer.
-  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer = engine::LoadTokenizer(model_dir);
+  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tokenizer = text::LoadTokenizer(model_dir);
   if (!tokenizer.ok()) return tokenizer.status();
   source.tokenizer = *std::move(tokenizer);
-  absl::StatusOr<engine::ChatTemplate> chat_template = engine::LoadChatTemplate(model_dir);
+  absl::StatusOr<text::ChatTemplate> chat_template = text::LoadChatTemplate(model_dir);
   if (chat_template.ok()) {
     source.chat_template = *std::move(chat_template);
   } else if (absl::IsNotFound(chat_template.status())) {

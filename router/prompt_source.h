@@ -8,18 +8,18 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/chat_template.h"
-#include "engine/config.h"
-#include "engine/tokenizer.h"
+#include "text/chat_template.h"
+#include "engine/model/config.h"
+#include "text/tokenizer.h"
 
 namespace pdserve::router {
 
 struct PromptSource {
   engine::ModelConfig config;
-  std::unique_ptr<const engine::Tokenizer> tokenizer;  // never null once loaded
+  std::unique_ptr<const text::Tokenizer> tokenizer;  // never null once loaded
   // The model's chat template; nullopt: chat input is refused with
   // `chat_unavailable` as the reason.
-  std::optional<engine::ChatTemplate> chat_template;
+  std::optional<text::ChatTemplate> chat_template;
   std::string chat_unavailable = "the model has no chat template";
 
   // Reads a Hugging Face model directory: ModelConfig::FromModelDir, then

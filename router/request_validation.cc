@@ -31,7 +31,7 @@ bool IsTemplateKwargName(const std::string& name) {
 absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& request,
                                                  const PromptSource& source, absl::Time now) {
   const engine::ModelConfig& config = source.config;
-  const engine::Tokenizer& tokenizer = *source.tokenizer;
+  const text::Tokenizer& tokenizer = *source.tokenizer;
   std::vector<int32_t> prompt;
   switch (request.input_case()) {
     case v1::GenerateRequest::kText: {
@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
         return absl::InvalidArgumentError(absl::StrCat("chat.messages: at most ", kMaxChatMessages,
                                                        " messages, got ", messages.size()));
       }
-      std::vector<engine::ChatMessage> conversation;
+      std::vector<text::ChatMessage> conversation;
       for (int i = 0; i < messages.size(); ++i) {
         const std::string& role = messages[i].role();
         if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
         }
         conversation.push_back({role, messages[i].content()});
       }
-      engine::ChatRenderOptions options;
+      text::ChatRenderOptions options;
       options.add_generation_prompt = true;
       options.now = now;
       if (request.chat().chat_template_kwargs_size() > kMaxChatTemplateKwargs) {
@@ -90,7 +90,7 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
         options.flags.emplace_back(name, value);
       }
       absl::StatusOr<std::string> text =
-          engine::RenderChat(*source.chat_template, conversation, options);
+          text::RenderChat(*source.chat_template, conversation, options);
       if (!text.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("chat: ", text.status().message()));
       }

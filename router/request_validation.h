@@ -8,9 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/config.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "engine/model/config.h"
+#include "engine/runtime/sampler.h"
+#include "text/tokenizer.h"
 #include "pdserve/v1/generation.pb.h"
 #include "router/prompt_source.h"
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -10,6 +11,16 @@
 #include "prometheus/registry.h"
 
 namespace pdserve::router {
+
+// Every value the labels below take. The series of each are created at
+// start-up with value 0, so that rate() sees the first increment and
+// dashboards show a flat zero rather than nothing.
+inline const std::vector<std::string> kFinishLabels = {"length",   "stop",  "context", "cancelled",
+                                                       "deadline", "error", "rejected"};
+inline const std::vector<std::string> kRejectReasons = {
+    "invalid_argument", "capacity",           "draining",    "no_prefill_worker",
+    "no_decode_worker", "resource_exhausted", "unavailable", "other"};
+inline const std::vector<std::string> kPools = {"prefill", "decode"};
 
 struct RouterMetrics {
   explicit RouterMetrics(prometheus::Registry& registry);
@@ -24,11 +35,21 @@ struct RouterMetrics {
   prometheus::Gauge& in_flight;
   prometheus::Family<prometheus::Counter>& rejected;  // label reason
   prometheus::Family<prometheus::Gauge>& pool_size;   // label pool
+  // Worker calls that failed after the request was placed on the worker
+  // (prefill call error, decode stream cut), label pool.
+  prometheus::Family<prometheus::Counter>& worker_failures;
+  // The request was offered to another worker of the pool after one refused
+  // or failed, label pool.
+  prometheus::Family<prometheus::Counter>& retries;
 
   void CountFinished(const std::string& finish_reason) {
     requests.Add({{"finish_reason", finish_reason}}).Increment();
   }
   void CountRejected(const std::string& reason) { rejected.Add({{"reason", reason}}).Increment(); }
+  void CountWorkerFailure(const std::string& pool) {
+    worker_failures.Add({{"pool", pool}}).Increment();
+  }
+  void CountRetry(const std::string& pool) { retries.Add({{"pool", pool}}).Increment(); }
   // Counts a Generate call once it has ended: as `finish_label` when the call
   // set one (a finish reason, or "rejected"), else by how it failed.
   void CountEnded(const std::string& finish_label, bool failed, bool cancelled,

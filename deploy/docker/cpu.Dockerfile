@@ -30,7 +30,7 @@ RUN cmake --preset default -DPDSERVE_BUILD_TESTS=OFF \
  && install -m 0755 build/router/pdserve_router build/router/pdserve_client \
       build/prefill_worker/pdserve_prefill_worker build/decode_worker/pdserve_decode_worker \
       build/decode_worker/pdserve_colocated build/bench/loadgen/pdserve_loadgen \
-      build/engine/pdserve_make_model /opt/pdserve/bin/
+      build/tools/pdserve_make_model /opt/pdserve/bin/
 
 FROM debian:12-slim AS runtime
 # Shared libraries of the binaries above (ldd), by Debian package; libgrpc29
@@ -49,4 +49,6 @@ USER 10001
 VOLUME ["/models"]
 # gRPC, metrics, KV transfer (decode) as deploy/k8s uses them.
 EXPOSE 50051 9400 50061
-CMD ["/usr/local/bin/pdserve_router", "--helpshort"]
+# Without arguments: the router's flags (exit 0). Deployments name the
+# binary and its flags (deploy/k8s).
+CMD ["/usr/local/bin/pdserve_router", "--help"]

@@ -13,7 +13,7 @@ deploy/local/build.sh
 
 model="$root/build/models/demo"
 if [ ! -f "$model/model.safetensors" ] || [ ! -f "$model/tokenizer.json" ]; then
-  build/engine/pdserve_make_model --out_dir="$model" --seed=1 --tokenizer=bpe
+  build/tools/pdserve_make_model --out_dir="$model" --seed=1 --tokenizer=bpe
 fi
 
 work=$(mktemp -d /tmp/pdserve-demo.XXXXXX)

@@ -9,7 +9,7 @@
 // masses in thread order and walks the run holding the target.
 #include "engine/cuda/device_utils.cuh"
 #include "engine/cuda/sampling.cuh"
-#include "engine/sampling_draw.h"
+#include "engine/runtime/sampling_draw.h"
 
 namespace pdserve::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // Token sampling on the device with exactly the CPU sampler's semantics
-// (engine/sampler.h), so a backend swap never changes what a seed means:
+// (engine/runtime/sampler.h), so a backend swap never changes what a seed means:
 //   greedy (temperature <= 0): highest logit, lowest id on ties, NaN as
 //     -inf, 0 when nothing beats -inf;
 //   otherwise: candidates are ids whose logit > -inf (not NaN); top-k keeps
@@ -8,7 +8,7 @@
 //     min-p drops value < min_p (the max has value 1); top-p keeps the
 //     shortest prefix in (value desc, id asc) order whose mass reaches
 //     top_p * total * (1 - 1e-6); the draw is the inverse CDF of
-//     UniformForStep(seed, step) (engine/sampling_draw.h) over the kept ids
+//     UniformForStep(seed, step) (engine/runtime/sampling_draw.h) over the kept ids
 //     in ascending order.
 // Equal up to floating-point summation order: sums here run over other
 // groupings than the CPU's, which can only matter when a draw or a top-p

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/cuda/sampling.cuh"
-#include "engine/sampler.h"
+#include "engine/runtime/sampler.h"
 
 namespace pdserve::cuda {
 

@@ -19,7 +19,7 @@ trap cleanup EXIT
 field() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" "$1"; }
 pools() { "$cluster" status "$work/c" | sed -n 's/^router pools: //p'; }
 
-"$build/engine/pdserve_make_model" --out_dir="$work/model" --seed=2 > /dev/null
+"$build/tools/pdserve_make_model" --out_dir="$work/model" --seed=2 > /dev/null
 "$cluster" start --model "$work/model" --work "$work/c" --bin "$build" --threads 1
 all_pids=$(cat "$work/c/pids")
 [ "$(pools)" = "prefill=1 decode=1" ] || { echo "FAIL: pools $(pools)"; exit 1; }

@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors reader (engine/safetensors.cc): parses
+// libFuzzer target for the safetensors reader (engine/model/safetensors.cc): parses
 // arbitrary bytes with SafetensorsFile::FromBuffer and, when the header is
 // accepted, reads every tensor back (raw bytes and fp32 conversion), so any
 // offset, shape or dtype the parser lets through is also dereferenced.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using pdserve::engine::SafetensorsFile;

@@ -5,13 +5,13 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine/generator.h"
-#include "engine/model_writer.h"
+#include "engine/runtime/generator.h"
+#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_loader.h"
-#include "engine/tokenizer_writer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_loader.h"
+#include "tools/tokenizer_writer.h"
 #include "gtest/gtest.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
@@ -172,8 +172,8 @@ TEST_F(ClusterTest, StopStringIsMatchedAcrossTokensAndNotLeaked) {
   auto expected = engine::GenerateLocally(*runner, prompt, params);
   ASSERT_TRUE(expected.ok());
   // The text the router will produce, and how much of it each token completes.
-  engine::ByteTokenizer tokenizer(runner->config().vocab_size);
-  engine::IncrementalDetokenizer detok(tokenizer);
+  text::ByteTokenizer tokenizer(runner->config().vocab_size);
+  text::IncrementalDetokenizer detok(tokenizer);
   std::string full;
   std::vector<size_t> text_after;  // text length after each token
   for (int32_t t : expected->tokens) {
@@ -373,16 +373,16 @@ TEST(ChatClusterTest, ChatIsRenderedTokenizedAndEqualsInProcessEngine) {
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = cluster.NewClient();
 
-  auto tokenizer = engine::LoadTokenizer(model_dir);
+  auto tokenizer = text::LoadTokenizer(model_dir);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  auto chat_template = engine::LoadChatTemplate(model_dir);
+  auto chat_template = text::LoadChatTemplate(model_dir);
   ASSERT_TRUE(chat_template.ok()) << chat_template.status();
   auto runner = engine::CreateModelRunner({.model_dir = model_dir, .num_kv_blocks = 128, .num_threads = 1});
   ASSERT_TRUE(runner.ok()) << runner.status();
   // generation_config.json's EOS reached the engine.
   EXPECT_TRUE((*runner)->config().IsEos(engine::kDemoEotId));
 
-  const std::vector<engine::ChatMessage> conversation = {
+  const std::vector<text::ChatMessage> conversation = {
       {"system", "You answer in one line."}, {"user", "What does the decode pool do?"}};
   v1::GenerateRequest request;
   for (const auto& m : conversation) {
@@ -391,7 +391,7 @@ TEST(ChatClusterTest, ChatIsRenderedTokenizedAndEqualsInProcessEngine) {
     message->set_content(m.content);
   }
   request.mutable_sampling()->set_max_tokens(40);
-  auto rendered = engine::RenderChat(*chat_template, conversation, /*add_generation_prompt=*/true);
+  auto rendered = text::RenderChat(*chat_template, conversation, /*add_generation_prompt=*/true);
   ASSERT_TRUE(rendered.ok()) << rendered.status();
   const std::vector<int32_t> prompt = (*tokenizer)->Encode(*rendered);
   ASSERT_EQ(prompt[0], engine::kDemoBosId);

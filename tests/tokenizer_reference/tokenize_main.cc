@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "engine/bpe_tokenizer.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer_loader.h"
+#include "common/cli.h"
+#include "text/bpe_tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer_loader.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model_dir, "", "Model directory with tokenizer.json");
@@ -28,7 +28,7 @@ ABSL_FLAG(std::string, model_dir, "", "Model directory with tokenizer.json");
 namespace {
 
 using Json = nlohmann::ordered_json;
-using pdserve::engine::Tokenizer;
+using pdserve::text::Tokenizer;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::strict); }
 
@@ -36,7 +36,7 @@ Json HandleText(const Tokenizer& tok, const std::string& text) {
   Json out;
   const std::vector<int32_t> ids = tok.Encode(text);
   std::vector<int32_t> with_special;
-  if (const auto* bpe = dynamic_cast<const pdserve::engine::BpeTokenizer*>(&tok)) {
+  if (const auto* bpe = dynamic_cast<const pdserve::text::BpeTokenizer*>(&tok)) {
     with_special = bpe->prefix_tokens();
     with_special.insert(with_special.end(), ids.begin(), ids.end());
     with_special.insert(with_special.end(), bpe->suffix_tokens().begin(),
@@ -49,7 +49,7 @@ Json HandleText(const Tokenizer& tok, const std::string& text) {
   out["ordinary"] = tok.EncodeOrdinary(text);
   out["decoded"] = tok.Decode(ids, /*skip_special_tokens=*/false);
   out["decoded_skip"] = tok.Decode(ids, /*skip_special_tokens=*/true);
-  pdserve::engine::IncrementalDetokenizer detok(tok, /*skip_special_tokens=*/false);
+  pdserve::text::IncrementalDetokenizer detok(tok, /*skip_special_tokens=*/false);
   std::string streamed;
   for (int32_t id : ids) streamed += detok.Push(id);
   streamed += detok.Flush();
@@ -57,13 +57,13 @@ Json HandleText(const Tokenizer& tok, const std::string& text) {
   return out;
 }
 
-Json HandleChat(const Tokenizer& tok, const pdserve::engine::ChatTemplate* tmpl, const Json& in) {
+Json HandleChat(const Tokenizer& tok, const pdserve::text::ChatTemplate* tmpl, const Json& in) {
   Json out;
   if (tmpl == nullptr) {
     out["error"] = "no chat template";
     return out;
   }
-  std::vector<pdserve::engine::ChatMessage> messages;
+  std::vector<pdserve::text::ChatMessage> messages;
   for (const Json& m : in["chat"]) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
         !m["content"].is_string()) {
@@ -72,14 +72,14 @@ Json HandleChat(const Tokenizer& tok, const pdserve::engine::ChatTemplate* tmpl,
     }
     messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
-  pdserve::engine::ChatRenderOptions options;
+  pdserve::text::ChatRenderOptions options;
   options.add_generation_prompt =
       in.contains("add_generation_prompt") && in["add_generation_prompt"].is_boolean() &&
       in["add_generation_prompt"].get<bool>();
   if (in.contains("enable_thinking") && in["enable_thinking"].is_boolean()) {
     options.flags.emplace_back("enable_thinking", in["enable_thinking"].get<bool>());
   }
-  absl::StatusOr<std::string> rendered = pdserve::engine::RenderChat(*tmpl, messages, options);
+  absl::StatusOr<std::string> rendered = pdserve::text::RenderChat(*tmpl, messages, options);
   if (!rendered.ok()) {
     out["error"] = std::string(rendered.status().message());
     return out;
@@ -89,7 +89,7 @@ Json HandleChat(const Tokenizer& tok, const pdserve::engine::ChatTemplate* tmpl,
   return out;
 }
 
-namespace jinja = pdserve::engine::jinja;
+namespace jinja = pdserve::text::jinja;
 
 jinja::Value FromJson(const Json& j) {
   switch (j.type()) {
@@ -140,14 +140,17 @@ Json HandleTemplate(const Json& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Tokenizes and renders chat templates from JSON lines on stdin (tokenizer reference check)",
+      __FILE__);
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = pdserve::engine::LoadTokenizer(dir);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = pdserve::text::LoadTokenizer(dir);
   if (!tok.ok()) {
     std::cerr << "pdserve_tokenize: " << tok.status() << "\n";
     return 2;
   }
-  absl::StatusOr<pdserve::engine::ChatTemplate> tmpl = pdserve::engine::LoadChatTemplate(dir);
+  absl::StatusOr<pdserve::text::ChatTemplate> tmpl = pdserve::text::LoadChatTemplate(dir);
   if (!tmpl.ok()) std::cerr << "pdserve_tokenize: no chat template: " << tmpl.status() << "\n";
 
   std::ios::sync_with_stdio(false);

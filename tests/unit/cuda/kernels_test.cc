@@ -12,7 +12,6 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/config.h"
 #include "engine/cuda/bias_add.cuh"
 #include "engine/cuda/convert.cuh"
 #include "engine/cuda/embedding.cuh"
@@ -21,6 +20,7 @@
 #include "engine/cuda/rms_norm.cuh"
 #include "engine/cuda/rope.cuh"
 #include "engine/cuda/silu_mul.cuh"
+#include "engine/model/config.h"
 #include "tests/unit/cuda/gpu_test_util.h"
 
 namespace pdserve::cuda {

@@ -1,4 +1,4 @@
-// The device sampler against the CPU sampler (engine/sampler.h) on the same
+// The device sampler against the CPU sampler (engine/runtime/sampler.h) on the same
 // logits: greedy, temperature with top-k / top-p / min-p (the exact token
 // for every (seed, step)), penalties and min_tokens masks (bit-exact
 // logits), and log-probabilities. Logits include ties, NaN, -inf and +inf.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/cuda/sampling_inputs.h"
-#include "engine/sampler.h"
+#include "engine/runtime/sampler.h"
 #include "tests/unit/cuda/gpu_test_util.h"
 
 namespace pdserve::cuda {

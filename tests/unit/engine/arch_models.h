@@ -4,7 +4,7 @@
 // window. All derive from testing_models::TinyGqaConfig (4 heads, 2 KV heads).
 #pragma once
 
-#include "engine/config.h"
+#include "engine/model/config.h"
 #include "tests/unit/engine/tiny_models.h"
 
 namespace pdserve::engine::testing_models {

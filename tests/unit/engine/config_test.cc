@@ -1,7 +1,7 @@
 // ModelConfig parsing and validation of Hugging Face config.json text, the
 // architecture features (Mistral, Qwen2, Qwen3, Llama 3.1 rope scaling),
 // generation_config.json merging, and RoPE inverse frequencies.
-#include "engine/config.h"
+#include "engine/model/config.h"
 
 #include <cmath>
 #include <filesystem>

@@ -1,6 +1,6 @@
 // Safetensors reader/writer: round trips, exact fp16/bf16 conversion, and
 // hostile files (every malformed header must give a status, never a crash).
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-// Unit tests for engine/sampler: greedy, determinism in (seed, step), the
+// Unit tests for engine/runtime/sampler: greedy, determinism in (seed, step), the
 // sampled distribution against softmax, top-k / top-p support, robustness to
 // NaN and inf, and parameter validation.
-#include "engine/sampler.h"
+#include "engine/runtime/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampling_draw.h"
+#include "engine/runtime/sampling_draw.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine {

@@ -1,7 +1,7 @@
 // Logits processors (penalties, min_tokens), min-p and log-probabilities.
 #include <cmath>
 
-#include "engine/sampler.h"
+#include "engine/runtime/sampler.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine {

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "engine/config.h"
-#include "engine/model_writer.h"
+#include "engine/model/config.h"
+#include "tools/model_writer.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine::testing_models {

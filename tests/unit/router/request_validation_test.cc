@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "engine/tokenizer_loader.h"
-#include "engine/tokenizer_writer.h"
+#include "text/tokenizer_loader.h"
+#include "tools/tokenizer_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,22 +28,22 @@ engine::ModelConfig Config() {
 PromptSource ByteSource() {
   PromptSource source;
   source.config = Config();
-  source.tokenizer = std::make_unique<engine::ByteTokenizer>(300);
+  source.tokenizer = std::make_unique<text::ByteTokenizer>(300);
   return source;
 }
 
 // The self-made Llama 3 style tokenizer and chat template
-// (engine/tokenizer_writer.h), loaded from disk as a real model's are.
+// (tools/tokenizer_writer.h), loaded from disk as a real model's are.
 PromptSource ChatSource() {
   const std::string dir = ::testing::TempDir() + "/request_validation_chat";
   std::filesystem::create_directories(dir);
   EXPECT_TRUE(engine::WriteDemoTokenizer(300, dir).ok());
   PromptSource source;
   source.config = Config();
-  auto tokenizer = engine::LoadTokenizer(dir);
+  auto tokenizer = text::LoadTokenizer(dir);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   source.tokenizer = *std::move(tokenizer);
-  auto chat_template = engine::LoadChatTemplate(dir);
+  auto chat_template = text::LoadChatTemplate(dir);
   EXPECT_TRUE(chat_template.ok()) << chat_template.status();
   source.chat_template = *std::move(chat_template);
   return source;
@@ -178,7 +178,7 @@ TEST(RequestValidationTest, RejectsBadChatNamingTheField) {
 
 TEST(RequestValidationTest, ReportsTheTemplatesOwnError) {
   PromptSource source = ChatSource();
-  auto strict = engine::ParseChatTemplate(
+  auto strict = text::ParseChatTemplate(
       "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with the "
       "user') }}{% endif %}{{ messages[0].content }}",
       "", "");
@@ -195,7 +195,7 @@ TEST(RequestValidationTest, ReportsTheTemplatesOwnError) {
 TEST(RequestValidationTest, ChatTemplateKwargsReachTheTemplate) {
   PromptSource source = ChatSource();
   // As Qwen3's template: thinking is on unless the caller turns it off.
-  auto qwen_like = engine::ParseChatTemplate(
+  auto qwen_like = text::ParseChatTemplate(
       "{{ messages[0].content }}{% if enable_thinking is defined and enable_thinking is false "
       "%}<think></think>{% endif %}",
       "", "");

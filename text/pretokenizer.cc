@@ -1,0 +1,341 @@
+// Pre-tokenization: byte-level alphabet, PCRE2 regex splitting and the Split /
+// ByteLevel steps (see pretokenizer.h). Split behaviours follow Hugging Face
+// tokenizers' NormalizedString::split.
+#include "text/pretokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "text/utf8.h"
+
+namespace pdserve::text {
+namespace {
+
+// The GPT-2 pre-tokenization regex used by ByteLevel(use_regex = true).
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// Unicode White_Space, written for the inside of a PCRE2 character class.
+constexpr std::string_view kWhiteSpaceClass =
+    R"(\t\n\x0B\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+struct Alphabet {
+  std::array<std::string, 256> chars;          // byte -> UTF-8 of its character
+  std::array<int16_t, 0x180> code_point_byte;  // code point -> byte, -1 if none
+};
+
+const Alphabet& GetAlphabet() {
+  static const Alphabet* alphabet = [] {
+    auto* a = new Alphabet;
+    a->code_point_byte.fill(-1);
+    // Printable bytes stand for themselves; the rest map to 256, 257, ...
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(next++);
+      utf8::Append(cp, &a->chars[b]);
+      a->code_point_byte[cp] = static_cast<int16_t>(b);
+    }
+    return a;
+  }();
+  return *alphabet;
+}
+
+}  // namespace
+
+const std::string& ByteLevelAlphabet::Char(uint8_t b) { return GetAlphabet().chars[b]; }
+
+std::string ByteLevelAlphabet::Encode(std::string_view bytes) {
+  const Alphabet& a = GetAlphabet();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) out += a.chars[static_cast<uint8_t>(c)];
+  return out;
+}
+
+std::optional<std::string> ByteLevelAlphabet::Decode(std::string_view s) {
+  const Alphabet& a = GetAlphabet();
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t start = i;
+    const char32_t cp = utf8::Next(s, &i);
+    if (cp == utf8::kReplacementChar && s.substr(start, i - start) != "\xEF\xBF\xBD") {
+      return std::nullopt;
+    }
+    if (cp >= a.code_point_byte.size() || a.code_point_byte[cp] < 0) return std::nullopt;
+    out.push_back(static_cast<char>(a.code_point_byte[cp]));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> TranslateRegex(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  bool in_class = false;
+  size_t class_start = 0;  // index in `pattern` just after '[' or '[^'
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      if (i + 1 >= pattern.size()) {
+        return absl::InvalidArgumentError("regex ends with a lone backslash");
+      }
+      const char e = pattern[++i];
+      if (e == 's') {
+        if (in_class) {
+          out += kWhiteSpaceClass;
+        } else {
+          out += "[";
+          out += kWhiteSpaceClass;
+          out += "]";
+        }
+      } else if (e == 'S') {
+        if (in_class) {
+          return absl::InvalidArgumentError("regex: \\S inside a character class is not supported");
+        }
+        out += "[^";
+        out += kWhiteSpaceClass;
+        out += "]";
+      } else {
+        out.push_back(c);
+        out.push_back(e);
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      class_start = i + 1;
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      // POSIX class [:name:] inside a class: copy through ":]".
+      const size_t end = pattern.find(":]", i + 2);
+      if (end == std::string_view::npos) return absl::InvalidArgumentError("regex: unclosed [:");
+      out.append(pattern.substr(i, end + 2 - i));
+      i = end + 1;
+      continue;
+    }
+    if (in_class && c == ']' && i != class_start) in_class = false;
+    out.push_back(c);
+  }
+  if (in_class) return absl::InvalidArgumentError("regex: unclosed character class");
+  return out;
+}
+
+struct RegexSplitter::Impl {
+  pcre2_code* code = nullptr;
+  bool jit = false;
+  ~Impl() {
+    if (code != nullptr) pcre2_code_free(code);
+  }
+};
+
+RegexSplitter::~RegexSplitter() = default;
+
+absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Create(std::string_view pattern,
+                                                                     bool literal) {
+  std::string translated;
+  if (literal) {
+    translated = std::string(pattern);
+  } else {
+    absl::StatusOr<std::string> t = TranslateRegex(pattern);
+    if (!t.ok()) return t.status();
+    translated = *std::move(t);
+  }
+  if (translated.empty()) return absl::InvalidArgumentError("empty split pattern");
+  if (!utf8::IsValid(translated)) return absl::InvalidArgumentError("split pattern is not UTF-8");
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  // PCRE2_LITERAL admits PCRE2_UTF but not PCRE2_UCP.
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
+                                   translated.size(), options, &error, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    return absl::InvalidArgumentError(absl::StrCat("regex does not compile at offset ", offset,
+                                                   ": ", reinterpret_cast<char*>(message)));
+  }
+  std::unique_ptr<RegexSplitter> splitter(new RegexSplitter);
+  splitter->impl_ = std::make_unique<Impl>();
+  splitter->impl_->code = code;
+  // JIT is an optimisation: without it (unsupported CPU) the interpreter runs.
+  splitter->impl_->jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  return splitter;
+}
+
+std::vector<std::pair<size_t, size_t>> RegexSplitter::FindAll(std::string_view text) const {
+  std::vector<std::pair<size_t, size_t>> matches;
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
+  if (data == nullptr) return matches;
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t start = 0;
+  while (start <= text.size()) {
+    // The text was validated once: skip PCRE2's UTF check on every call.
+    int rc =
+        pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      // The interpreter keeps its backtracking frames on the heap.
+      rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                       data, nullptr);
+    }
+    if (rc < 0) break;  // no match, or a limit hit: leave the rest unmatched
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
+    const size_t begin = ovector[0];
+    const size_t end = ovector[1];
+    if (end > begin) {
+      matches.emplace_back(begin, end);
+      start = end;
+    } else {
+      // Empty match: step over one character.
+      if (begin >= text.size()) break;
+      size_t next = begin;
+      utf8::Next(text, &next);
+      start = next;
+    }
+  }
+  pcre2_match_data_free(data);
+  return matches;
+}
+
+namespace {
+
+using Range = std::pair<size_t, size_t>;
+
+// Hugging Face's NormalizedString::split: `pieces` cover `[0, n)` in order,
+// each flagged as a match; returns the resulting ranges (non-empty).
+std::vector<Range> ApplyBehavior(const std::vector<std::pair<Range, bool>>& pieces,
+                                 SplitBehavior behavior) {
+  std::vector<Range> out;
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      for (const auto& [r, m] : pieces) out.push_back(r);
+      break;
+    case SplitBehavior::kRemoved:
+      for (const auto& [r, m] : pieces) {
+        if (!m) out.push_back(r);
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious: {
+      bool previous_match = false;
+      for (const auto& [r, m] : pieces) {
+        if (m && !previous_match && !out.empty()) {
+          out.back().second = r.second;
+        } else {
+          out.push_back(r);
+        }
+        previous_match = m;
+      }
+      break;
+    }
+    case SplitBehavior::kMergedWithNext: {
+      bool previous_match = false;
+      for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
+        const auto& [r, m] = *it;
+        if (m && !previous_match && !out.empty()) {
+          out.back().first = r.first;
+        } else {
+          out.push_back(r);
+        }
+        previous_match = m;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+    }
+    case SplitBehavior::kContiguous: {
+      bool previous_match = false;
+      for (const auto& [r, m] : pieces) {
+        if (m == previous_match && !out.empty()) {
+          out.back().second = r.second;
+        } else {
+          out.push_back(r);
+        }
+        previous_match = m;
+      }
+      break;
+    }
+  }
+  std::erase_if(out, [](const Range& r) { return r.first == r.second; });
+  return out;
+}
+
+// Splits `text` by `regex` into pieces flagged as match / gap.
+std::vector<std::pair<Range, bool>> MatchPieces(const RegexSplitter& regex, std::string_view text,
+                                                bool invert) {
+  std::vector<std::pair<Range, bool>> pieces;
+  size_t prev = 0;
+  for (const auto& [b, e] : regex.FindAll(text)) {
+    if (prev != b) pieces.push_back({{prev, b}, invert});
+    pieces.push_back({{b, e}, !invert});
+    prev = e;
+  }
+  if (prev != text.size()) pieces.push_back({{prev, text.size()}, invert});
+  return pieces;
+}
+
+}  // namespace
+
+absl::StatusOr<PreTokenizer> PreTokenizer::Create(std::vector<PreTokenizerStep> steps) {
+  PreTokenizer p;
+  for (const PreTokenizerStep& step : steps) {
+    if (const auto* split = std::get_if<SplitStep>(&step)) {
+      if (split->pattern == nullptr)
+        return absl::InvalidArgumentError("Split step without pattern");
+    } else if (std::get<ByteLevelStep>(step).use_regex && p.gpt2_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<RegexSplitter>> gpt2 = RegexSplitter::Create(kGpt2Pattern);
+      if (!gpt2.ok()) return gpt2.status();
+      p.gpt2_ = *std::move(gpt2);
+    }
+  }
+  p.steps_ = std::move(steps);
+  return p;
+}
+
+bool PreTokenizer::has_byte_level() const {
+  for (const PreTokenizerStep& step : steps_) {
+    if (std::holds_alternative<ByteLevelStep>(step)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> PreTokenizer::Split(std::string_view text) const {
+  std::vector<std::string> words;
+  if (text.empty()) return words;
+  words.emplace_back(text);
+  for (const PreTokenizerStep& step : steps_) {
+    std::vector<std::string> next;
+    next.reserve(words.size());
+    for (std::string& word : words) {
+      if (const auto* split = std::get_if<SplitStep>(&step)) {
+        for (const auto& [b, e] :
+             ApplyBehavior(MatchPieces(*split->pattern, word, split->invert), split->behavior)) {
+          next.emplace_back(word.substr(b, e - b));
+        }
+        continue;
+      }
+      const ByteLevelStep& bl = std::get<ByteLevelStep>(step);
+      if (bl.add_prefix_space && word.front() != ' ') word.insert(word.begin(), ' ');
+      if (!bl.use_regex) {
+        next.push_back(std::move(word));
+        continue;
+      }
+      for (const auto& [b, e] :
+           ApplyBehavior(MatchPieces(*gpt2_, word, false), SplitBehavior::kIsolated)) {
+        next.emplace_back(word.substr(b, e - b));
+      }
+    }
+    words = std::move(next);
+  }
+  return words;
+}
+
+}  // namespace pdserve::text

@@ -1,0 +1,100 @@
+// Pre-tokenization for byte-level BPE (Hugging Face tokenizers semantics):
+// split normalized text into words by regex (Split) and the GPT-2 rules
+// (ByteLevel), and the byte-level alphabet that maps bytes to the printable
+// characters vocabularies are written in ("Ġ" is the space byte).
+//
+// Regexes are Oniguruma-syntax patterns from tokenizer.json, compiled with
+// PCRE2 (UTF + UCP) and JIT once. \s and \S are rewritten to the Unicode
+// White_Space property, which is what Oniguruma (and so the reference Rust
+// tokenizers) match; PCRE2's own \s differs (it takes U+180E).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pdserve::text {
+
+// GPT-2 bytes_to_unicode: byte b <-> one printable character.
+class ByteLevelAlphabet {
+ public:
+  // UTF-8 of the character standing for byte `b`.
+  static const std::string& Char(uint8_t b);
+  // `bytes` written in the alphabet.
+  static std::string Encode(std::string_view bytes);
+  // Raw bytes of alphabet text `s`; nullopt if a character of `s` is not in
+  // the alphabet (or `s` is not valid UTF-8).
+  static std::optional<std::string> Decode(std::string_view s);
+};
+
+// A compiled split pattern. Thread-safe: matching allocates per call.
+class RegexSplitter {
+ public:
+  // `pattern` is an Oniguruma-syntax regex (a tokenizer.json "Regex"), or,
+  // with `literal`, a plain string to find (a "String" pattern).
+  // INVALID_ARGUMENT when it does not compile.
+  static absl::StatusOr<std::unique_ptr<RegexSplitter>> Create(std::string_view pattern,
+                                                               bool literal = false);
+  ~RegexSplitter();
+  RegexSplitter(const RegexSplitter&) = delete;
+  RegexSplitter& operator=(const RegexSplitter&) = delete;
+
+  // Byte ranges [begin, end) of the successive non-empty, non-overlapping
+  // matches in valid UTF-8 `text`. If the regex engine gives up (match or
+  // stack limit), the rest of the text is left unmatched.
+  std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
+
+ private:
+  RegexSplitter() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rewrites an Oniguruma-syntax pattern for PCRE2: \s -> White_Space class,
+// \S -> its complement. INVALID_ARGUMENT for \S inside a character class.
+absl::StatusOr<std::string> TranslateRegex(std::string_view pattern);
+
+// How a Split step treats the matches (tokenizer.json "behavior").
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+struct SplitStep {
+  std::shared_ptr<const RegexSplitter> pattern;
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;  // split on what does NOT match
+};
+
+// ByteLevel pre-tokenizer step. Mapping to the byte-level alphabet happens
+// in the BPE model, which works on raw bytes.
+struct ByteLevelStep {
+  bool add_prefix_space = false;  // prepend " " to a piece that lacks one
+  bool use_regex = true;          // split with the GPT-2 regex
+};
+
+using PreTokenizerStep = std::variant<SplitStep, ByteLevelStep>;
+
+// A sequence of steps; each refines every piece the previous ones produced.
+class PreTokenizer {
+ public:
+  // Fails if a regex (the GPT-2 one for ByteLevel) does not compile.
+  static absl::StatusOr<PreTokenizer> Create(std::vector<PreTokenizerStep> steps);
+
+  // Splits valid UTF-8 `text` into non-empty words (byte strings; a prefix
+  // space may make a word not a substring of `text`).
+  std::vector<std::string> Split(std::string_view text) const;
+
+  bool has_byte_level() const;
+
+ private:
+  std::vector<PreTokenizerStep> steps_;
+  std::shared_ptr<const RegexSplitter> gpt2_;  // set when a ByteLevel step uses it
+};
+
+}  // namespace pdserve::text

@@ -15,7 +15,7 @@ namespace pdserve::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr double kTopPSlack = 1e-6;  // engine/sampler.cc
+constexpr double kTopPSlack = 1e-6;  // engine/runtime/sampler.cc
 
 __device__ __forceinline__ uint32_t KeyOf(float x) {
   return OrderedKey(x != x ? -INFINITY : x);  // NaN sorts as -inf

@@ -1,5 +1,5 @@
 // The stateless uniform draw of seeded sampling, shared by the CPU sampler
-// (engine/sampler.cc) and the CUDA sampling kernels (engine/cuda/sampling.cu)
+// (engine/runtime/sampler.cc) and the CUDA sampling kernels (engine/cuda/sampling.cu)
 // so both backends draw the same number for the same (seed, step). Plain
 // C++ that nvcc also compiles for the device.
 #pragma once

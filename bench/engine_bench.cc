@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli.h"
 #include "engine/model/config.h"
 #include "engine/runtime/model_runner.h"
 #include "tools/model_writer.h"
@@ -154,7 +154,7 @@ absl::StatusOr<DecodeFigures> MeasureDecode(engine::ModelRunner& runner, int bat
   std::vector<engine::PrefillSequence> prefill;
   for (int b = 0; b < batch; ++b) prefill.push_back({prompts[b], tables[b]});
   std::vector<float> logits;
-  if (absl::Status s = runner.Prefill(prefill, nullptr, logits); !s.ok()) return s;
+  if (absl::Status s = PrefillForLogits(runner, prefill, nullptr, logits); !s.ok()) return s;
 
   std::vector<double> times;
   std::vector<engine::DecodeSequence> seqs(static_cast<size_t>(batch));
@@ -163,7 +163,7 @@ absl::StatusOr<DecodeFigures> MeasureDecode(engine::ModelRunner& runner, int bat
       seqs[b] = {static_cast<int32_t>((step * 31 + b) % vocab), context + step, tables[b]};
     }
     auto t0 = Clock::now();
-    if (absl::Status s = runner.Decode(seqs, logits); !s.ok()) return s;
+    if (absl::Status s = DecodeForLogits(runner, seqs, logits); !s.ok()) return s;
     if (step >= warmup) times.push_back(Seconds(t0, Clock::now()));
   }
   DecodeFigures f;
@@ -259,7 +259,7 @@ int Main() {
   std::vector<double> prefill_times;
   for (int run = 0; run < warmup + runs; ++run) {
     auto t0 = Clock::now();
-    if (absl::Status s = runner.Prefill({&seq, 1}, nullptr, logits); !s.ok()) {
+    if (absl::Status s = PrefillForLogits(runner, {&seq, 1}, nullptr, logits); !s.ok()) {
       std::cerr << s << "\n";
       return 1;
     }
@@ -348,6 +348,9 @@ int Main() {
 }  // namespace pdserve::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "CPU engine benchmark: prefill and decode throughput next to measured memory bandwidth",
+      __FILE__);
   return pdserve::bench::Main();
 }

@@ -1,7 +1,15 @@
-// Serves a prometheus-cpp registry as text exposition on GET /metrics (and
+// Serves a prometheus-cpp registry, plus the process metrics
+// (common/process_metrics.h), as text exposition on GET /metrics (and
 // GET /healthz) with cpp-httplib. prometheus-cpp's own Exposer (civetweb) is
 // not used: it cannot bind port 0 and its fixed-stack threads fail in
 // processes that link cuBLAS (see docs/architecture.md).
+//
+// Every connection serves one request and is closed ("Connection: close"),
+// and a connection that sends no request within 1 s is dropped: cpp-httplib
+// waits out an idle keep-alive connection (5 s) before its server can stop,
+// which would hold a draining process that long after its work is done.
+// Prometheus opens one connection per scrape; at scrape intervals above
+// 5 s, keep-alive never carried a second scrape anyway.
 #pragma once
 
 #include <memory>
@@ -9,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/process_metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -33,14 +42,31 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ProcessCollector> process_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;
   std::thread thread_;  // runs server_->listen_after_bind()
 };
 
-// Default histogram buckets, in seconds, for request latencies (TTFT, E2E).
+// Histogram buckets, in seconds. Prometheus estimates a quantile by linear
+// interpolation inside the bucket that holds it, so its error is up to the
+// bucket's width: the two client-facing histograms have bounds about 7%
+// apart where their values usually fall and at the SLO and alert
+// thresholds, coarser only at the extremes (docs/performance.md compares
+// their quantiles with client-measured percentiles).
+//
+// Time to first token: 1 ms to 120 s; ~7% steps from 0.1 s to 5 s (the TTFT
+// alert and SLO at 2 s), ~20% from 10 ms to 0.1 s, at most 12.5% from 5 s
+// to 10 s.
+const std::vector<double>& TimeToFirstTokenBuckets();
+// Inter-token latency: 1 ms to 60 s (a stall of many seconds reads as what
+// it is); ~10% steps from 3 ms to 1 s, ~7% from 0.1 s to 0.3 s (the ITL
+// alert and SLO at 200 ms), about 12% from 1 s to 10 s.
+const std::vector<double>& InterTokenLatencyBuckets();
+// Other request-scale durations (E2E, queue time, prefill step, KV
+// transfer): 1 ms to 600 s.
 const std::vector<double>& LatencyBuckets();
-// Finer buckets for per-token and per-step latencies (ITL, step seconds).
+// Per-step durations (decode step): 0.1 ms to 30 s.
 const std::vector<double>& TokenLatencyBuckets();
 
 // An unlabeled metric registered in `r` (a family of one series); the
@@ -49,5 +75,9 @@ prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const ch
 prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help);
 prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
                                      const std::vector<double>& buckets);
+
+// pdserve_scheduler_step_seconds: time to plan one step and take its blocks
+// (every worker role), 1 us to 100 ms.
+prometheus::Histogram& MakeSchedulerStepHistogram(prometheus::Registry& r);
 
 }  // namespace pdserve

@@ -1,39 +1,30 @@
 #include "decode_worker/colocated_engine.h"
 
-#include <algorithm>
-#include <span>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace pdserve::colocated {
+namespace {
 
-StepPlan PlanStep(const std::vector<int>& waiting_tokens, const std::vector<int>& waiting_blocks,
-                  int free_blocks, int num_running, const ColocatedOptions& options) {
-  StepPlan plan;
-  int tokens = 0;
-  for (size_t i = 0; i < waiting_tokens.size(); ++i) {
-    if (num_running + plan.num_prefill >= options.max_running) break;
-    if (plan.num_prefill > 0 && tokens + waiting_tokens[i] > options.max_prefill_tokens) break;
-    if (waiting_blocks[i] > free_blocks) break;  // FCFS: nobody overtakes the head
-    free_blocks -= waiting_blocks[i];
-    tokens += waiting_tokens[i];
-    ++plan.num_prefill;
-  }
-  if (plan.num_prefill > 0) {
-    plan.kind = StepPlan::Kind::kPrefill;
-  } else if (num_running > 0) {
-    plan.kind = StepPlan::Kind::kDecode;
-  }
-  return plan;
+engine::SchedulerOptions SchedulerOptionsFor(const ColocatedOptions& o) {
+  return {.role = engine::SchedulerRole::kColocated,
+          .plan = {.max_num_seqs = o.max_running,
+                   .max_batch_tokens = o.max_prefill_tokens,
+                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens,
+                   .separate_prefill_steps = o.max_prefill_chunk_tokens == 0}};
 }
+
+}  // namespace
 
 ColocatedEngine::ColocatedEngine(ColocatedOptions options, engine::ModelRunner* runner,
                                  ColocatedMetrics* metrics)
     : options_(options),
       runner_(runner),
       metrics_(metrics),
-      blocks_(runner->num_kv_blocks(), runner->kv_block_size()) {
+      scheduler_(SchedulerOptionsFor(options), runner->config(), runner->num_kv_blocks(),
+                 runner->kv_block_size()) {
   {
     absl::MutexLock lock(&mu_);
     UpdateGaugesLocked();
@@ -48,14 +39,9 @@ ColocatedEngine::~ColocatedEngine() {
   }
   thread_.join();
   absl::MutexLock lock(&mu_);
-  for (auto& [id, seq] : seqs_) {
-    seq.stream->Push({.error = absl::UnavailableError("colocated server is shutting down")});
+  for (auto& [id, entry] : entries_) {
+    entry.stream->Push({.error = absl::UnavailableError("colocated server is shutting down")});
   }
-}
-
-int ColocatedEngine::ReserveTokens(const Sequence& seq) const {
-  // The last generated token never enters the cache.
-  return static_cast<int>(seq.prompt.size()) + seq.sampling.max_tokens - 1;
 }
 
 absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedEngine::Submit(ColocatedRequest request) {
@@ -64,234 +50,119 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedEngine::Submit(Colocat
       !s.ok()) {
     return s;
   }
-  Sequence seq;
-  seq.request_id = std::move(request.request_id);
-  seq.sampling = std::move(request.sampling);
-  seq.prompt = std::move(request.prompt);
-  seq.submitted = absl::Now();
-  const int reserve = ReserveTokens(seq);
-
+  const int kv_tokens = static_cast<int>(request.prompt.size()) + request.sampling.max_tokens;
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("colocated server is shutting down");
-  if (blocks_.BlocksForTokens(reserve) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt + max_tokens (", reserve + 1, " tokens) exceed the whole KV cache"));
-  }
-  if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
+  if (scheduler_.num_waiting() >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
         absl::StrCat("colocated server queue full (", options_.max_waiting, " prompts)"));
   }
   const engine::SeqId id = next_seq_++;
+  if (absl::Status s =
+          scheduler_.AddPrompt(id, std::move(request.prompt), std::move(request.sampling));
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt + max_tokens (", kv_tokens, " tokens) exceed the whole KV cache: ", s.message()));
+  }
   auto stream = std::make_shared<ColocatedStream>(id);
-  seq.stream = stream;
-  seqs_.emplace(id, std::move(seq));
-  waiting_.push_back(id);
+  entries_.emplace(id, Entry{.stream = stream, .submitted = absl::Now()});
+  wake_ = true;
   UpdateGaugesLocked();
   return stream;
 }
 
 void ColocatedEngine::Cancel(const ColocatedStream& stream) {
   absl::MutexLock lock(&mu_);
-  auto it = seqs_.find(stream.seq());
-  if (it == seqs_.end()) return;
-  it->second.cancelled = true;
-  if (!it->second.in_step) FreeLocked(stream.seq());  // else: freed when the step ends
-}
-
-void ColocatedEngine::FreeLocked(engine::SeqId id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  if (it->second.state == State::kWaiting) {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-  } else {
-    running_.erase(std::find(running_.begin(), running_.end(), id));
+  if (!entries_.contains(stream.seq())) return;
+  // Freed now, or by the engine thread when the step it is in ends.
+  if (scheduler_.Cancel(stream.seq())) {
+    entries_.erase(stream.seq());
+    UpdateGaugesLocked();
   }
-  blocks_.Free(id);
-  seqs_.erase(it);
-  UpdateGaugesLocked();
 }
 
 void ColocatedEngine::UpdateGaugesLocked() {
-  metrics_->waiting_sequences.Set(static_cast<double>(waiting_.size()));
-  metrics_->running_sequences.Set(static_cast<double>(running_.size()));
-  metrics_->kv_cache_usage.Set(blocks_.usage_ratio());
+  metrics_->waiting_sequences.Set(scheduler_.num_waiting());
+  metrics_->running_sequences.Set(scheduler_.num_running());
+  metrics_->kv_cache_usage.Set(scheduler_.kv().usage_ratio());
 }
 
 ColocatedLoad ColocatedEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return ColocatedLoad{.waiting = static_cast<int>(waiting_.size()),
-                       .running = static_cast<int>(running_.size()),
-                       .free_blocks = blocks_.num_free_blocks(),
-                       .total_blocks = blocks_.num_blocks()};
+  return ColocatedLoad{.waiting = scheduler_.num_waiting(),
+                       .running = scheduler_.num_running(),
+                       .free_blocks = scheduler_.kv().num_free_blocks(),
+                       .total_blocks = scheduler_.kv().num_blocks()};
 }
 
 void ColocatedEngine::Loop() {
-  std::vector<engine::SeqId> step;
   while (true) {
-    StepPlan plan;
-    step.clear();
+    engine::ScheduledStep step;
+    bool prompt_work = false;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || !waiting_.empty() || !running_.empty();
-      };
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
       if (stop_) return;
-      std::vector<int> waiting_tokens, waiting_blocks;
-      for (engine::SeqId id : waiting_) {
-        const Sequence& seq = seqs_.at(id);
-        waiting_tokens.push_back(static_cast<int>(seq.prompt.size()));
-        waiting_blocks.push_back(blocks_.BlocksForTokens(ReserveTokens(seq)));
-      }
-      plan = PlanStep(waiting_tokens, waiting_blocks, blocks_.num_free_blocks(),
-                      static_cast<int>(running_.size()), options_);
-      switch (plan.kind) {
-        case StepPlan::Kind::kIdle:
-          continue;
-        case StepPlan::Kind::kPrefill:
-          for (int i = 0; i < plan.num_prefill; ++i) {
-            const engine::SeqId id = waiting_.front();
-            waiting_.pop_front();
-            Sequence& seq = seqs_.at(id);
-            // PlanStep counted these blocks as free.
-            PDSERVE_CHECK(blocks_.Allocate(id, ReserveTokens(seq)).ok());
-            const auto table = blocks_.BlockTable(id);
-            seq.block_table.assign(table.begin(), table.end());
-            seq.state = State::kRunning;  // a running sequence from here on, even mid-prefill
-            running_.push_back(id);
-            seq.in_step = true;
-            step.push_back(id);
-          }
-          break;
-        case StepPlan::Kind::kDecode:
-          for (engine::SeqId id : running_) {
-            Sequence& seq = seqs_.at(id);
-            seq.in_step = true;
-            step.push_back(id);
-          }
-          break;
+      wake_ = false;
+      const absl::Time plan_start = absl::Now();
+      step = scheduler_.Schedule();
+      const absl::Time now = absl::Now();
+      metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(now - plan_start));
+      if (step.empty()) continue;
+      wake_ = true;  // plan again right after this step
+      for (size_t i = 0; i < step.ids.size(); ++i) {
+        if (step.admitted[i]) {
+          Entry& entry = entries_.at(step.ids[i]);
+          entry.queue_seconds = absl::ToDoubleSeconds(now - entry.submitted);
+        }
+        const engine::Scheduler::Sequence* seq = scheduler_.Find(step.ids[i]);
+        if (seq->num_computed < seq->prompt_len) prompt_work = true;
       }
       UpdateGaugesLocked();
     }
-    if (plan.kind == StepPlan::Kind::kPrefill) {
-      RunPrefill(step);
+
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<engine::StepOutput> output = runner_->Step(step.batch);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (prompt_work) {
+      metrics_->prefill_step_seconds.Observe(seconds);
+      metrics_->prefill_steps.Increment();
     } else {
-      RunDecode(step);
+      metrics_->decode_step_seconds.Observe(seconds);
+      metrics_->decode_steps.Increment();
     }
-  }
-}
+    if (!output.ok()) PDSERVE_LOG(ERROR) << "step failed: " << output.status();
 
-void ColocatedEngine::RunPrefill(const std::vector<engine::SeqId>& ids) {
-  const engine::ModelConfig& config = runner_->config();
-  std::vector<engine::PrefillSequence> inputs;
-  std::vector<double> queue_seconds;
-  const absl::Time start = absl::Now();
-  {
-    // Prompts and block tables of in-step sequences are not touched by other
-    // threads (Cancel defers to the end of the step), so the spans stay valid.
     absl::MutexLock lock(&mu_);
-    for (engine::SeqId id : ids) {
-      const Sequence& seq = seqs_.at(id);
-      inputs.push_back({.tokens = seq.prompt, .block_table = seq.block_table});
-      queue_seconds.push_back(absl::ToDoubleSeconds(start - seq.submitted));
+    for (const engine::SequenceUpdate& u : scheduler_.Complete(step, output)) {
+      auto it = entries_.find(u.id);
+      if (it == entries_.end()) continue;
+      Entry& entry = it->second;
+      if (u.cancelled) {
+        entries_.erase(it);
+        continue;
+      }
+      if (!u.error.ok()) {
+        entry.stream->Push(
+            {.error = absl::InternalError(absl::StrCat("step failed: ", u.error.message()))});
+        entries_.erase(it);
+        continue;
+      }
+      if (!u.token.has_value()) continue;  // a chunk of a longer prompt
+      ColocatedOutput out{.tokens = {u.token->token}};
+      if (!entry.first_sent) {
+        out.queue_seconds = entry.queue_seconds;
+        entry.first_sent = true;
+      }
+      if (u.finish != engine::FinishReason::kNone) {
+        out.finished = true;
+        out.finish_reason = u.finish;
+      }
+      entry.stream->Push(std::move(out));
+      if (u.freed) entries_.erase(it);
     }
-  }
-  std::vector<float> logits;
-  const absl::Status status = runner_->Prefill(inputs, nullptr, logits);
-  metrics_->prefill_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  metrics_->prefill_steps.Increment();
-
-  const size_t vocab = static_cast<size_t>(config.vocab_size);
-  std::vector<float> scratch;
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Sequence& seq = seqs_.at(ids[i]);
-    if (!SettleLocked(ids[i], seq, status, "prefill")) continue;
-    // The same sampling pipeline as the prefill worker's first token.
-    const engine::SampledToken first =
-        engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
-                       {.prompt = seq.prompt, .generated = {}}, config.eos_token_ids, scratch);
-    seq.position = static_cast<int>(seq.prompt.size());
-    ApplyTokenLocked(ids[i], seq, first.token, queue_seconds[i]);
-  }
-}
-
-bool ColocatedEngine::SettleLocked(engine::SeqId id, Sequence& seq, const absl::Status& step,
-                                   const char* what) {
-  seq.in_step = false;
-  if (seq.cancelled) {
-    FreeLocked(id);
-    return false;
-  }
-  if (!step.ok()) {
-    PDSERVE_LOG(ERROR) << what << " step failed: " << step;
-    seq.stream->Push(
-        {.error = absl::InternalError(absl::StrCat(what, " step failed: ", step.message()))});
-    FreeLocked(id);
-    return false;
-  }
-  return true;
-}
-
-void ColocatedEngine::RunDecode(const std::vector<engine::SeqId>& ids) {
-  const engine::ModelConfig& config = runner_->config();
-  std::vector<engine::DecodeSequence> batch;
-  std::vector<const Sequence*> seqs;
-  {
-    // Nodes of seqs_ do not move, and an in-step sequence is only changed
-    // (its history appended, or erased) by this thread after the step.
-    absl::MutexLock lock(&mu_);
-    for (engine::SeqId id : ids) {
-      const Sequence& seq = seqs_.at(id);
-      batch.push_back(
-          {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
-      seqs.push_back(&seq);
-    }
-  }
-  const absl::Time start = absl::Now();
-  std::vector<float> logits;
-  const absl::Status status = runner_->Decode(batch, logits);
-  std::vector<int32_t> sampled(ids.size(), 0);
-  if (status.ok()) {
-    // The same sampling pipeline as the decode worker.
-    const size_t vocab = static_cast<size_t>(config.vocab_size);
-    std::vector<float> scratch;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      sampled[i] = engine::Sample(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                  seqs[i]->sampling,
-                                  {.prompt = seqs[i]->prompt, .generated = seqs[i]->generated},
-                                  config.eos_token_ids, scratch)
-                       .token;
-    }
-  }
-  metrics_->decode_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  metrics_->decode_steps.Increment();
-
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Sequence& seq = seqs_.at(ids[i]);
-    if (!SettleLocked(ids[i], seq, status, "decode")) continue;
-    ++seq.position;
-    ApplyTokenLocked(ids[i], seq, sampled[i], 0);
-  }
-}
-
-void ColocatedEngine::ApplyTokenLocked(engine::SeqId id, Sequence& seq, int32_t token,
-                                       double queue_seconds) {
-  seq.generated.push_back(token);
-  seq.last_token = token;
-  const int generated = static_cast<int>(seq.generated.size());
-  const engine::FinishReason reason =
-      engine::CheckFinish(runner_->config(), seq.sampling, token, generated,
-                          static_cast<int>(seq.prompt.size()) + generated);
-  ColocatedOutput out{.tokens = {token}, .queue_seconds = queue_seconds};
-  if (reason != engine::FinishReason::kNone) {
-    out.finished = true;
-    out.finish_reason = reason;
-    seq.stream->Push(std::move(out));
-    FreeLocked(id);
-  } else {
-    seq.stream->Push(std::move(out));
+    UpdateGaugesLocked();
   }
 }
 

@@ -12,12 +12,13 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "decode_worker/colocated_engine.h"
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_orchestrator.h"
@@ -34,7 +35,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and me
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
 ABSL_FLAG(std::string, model_name, "",
-          "Model name of the OpenAI API (empty: the last component of --model_dir)");
+          "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
+          "component of --model_dir)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
           "context length)");
@@ -50,6 +52,9 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences in the decode batch at most");
 ABSL_FLAG(int, max_prefill_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
+          "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
+          "steps of their own)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -86,6 +91,8 @@ int Main() {
   auto registry = std::make_shared<prometheus::Registry>();
   frontend::ClientMetrics client_metrics(*registry);
   colocated::ColocatedMetrics engine_metrics(*registry);
+  RegisterBuildInfo(*registry, absl::GetFlag(FLAGS_backend),
+                    ModelNameOf(absl::GetFlag(FLAGS_model_dir)));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -94,9 +101,11 @@ int Main() {
 
   // Destroyed before the runner it uses.
   auto engine = std::make_unique<colocated::ColocatedEngine>(
-      colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
-                                  .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
-                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting)},
+      colocated::ColocatedOptions{
+          .max_running = absl::GetFlag(FLAGS_max_running),
+          .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
+          .max_waiting = absl::GetFlag(FLAGS_max_waiting),
+          .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
       runner->get(), &engine_metrics);
   colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id));
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
@@ -123,9 +132,10 @@ int Main() {
   const int http_port = *http_server ? (*http_server)->port() : -1;
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
                 {{"http_port", absl::StrCat(http_port)}});
-  PDSERVE_LOG(INFO) << "colocated server on " << address << ", HTTP on port " << http_port
-                    << ", metrics on port " << (*metrics_server)->port() << ", "
-                    << (*runner)->num_kv_blocks() << " KV blocks";
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " colocated server on " << address
+                    << ", HTTP on port " << http_port << ", metrics on port "
+                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
+                    << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -147,6 +157,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Prefill and decode in one process behind the Generate API (the serving benchmark baseline)",
+      __FILE__);
   return pdserve::Main();
 }

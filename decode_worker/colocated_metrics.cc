@@ -12,6 +12,7 @@ ColocatedMetrics::ColocatedMetrics(prometheus::Registry& r)
                                          "Wall time of one prefill step", LatencyBuckets())),
       decode_step_seconds(MakeHistogram(r, "pdserve_colocated_decode_step_seconds",
                                         "Wall time of one decode step", TokenLatencyBuckets())),
+      scheduler_step_seconds(MakeSchedulerStepHistogram(r)),
       prefill_steps(MakeCounter(r, "pdserve_colocated_prefill_steps_total", "Prefill steps run")),
       decode_steps(MakeCounter(r, "pdserve_colocated_decode_steps_total", "Decode steps run")) {}
 

@@ -20,6 +20,7 @@ struct ColocatedMetrics {
   prometheus::Gauge& kv_cache_usage;      // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& prefill_step_seconds;
   prometheus::Histogram& decode_step_seconds;
+  prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Counter& prefill_steps;
   prometheus::Counter& decode_steps;
 };

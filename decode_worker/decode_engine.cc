@@ -1,5 +1,6 @@
 #include "decode_worker/decode_engine.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -58,7 +59,10 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       kv_endpoint_(receiver->endpoint()),
       base_spec_(BaseSpec(*runner)),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
-      blocks_(runner->num_kv_blocks(), runner->kv_block_size()),
+      scheduler_({.role = engine::SchedulerRole::kDecode,
+                  .plan = {.max_num_seqs = options.max_running,
+                           .max_batch_tokens = std::max(options.max_running, 1)}},
+                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()),
       transfer_salt_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {
   {
     absl::MutexLock lock(&mu_);
@@ -72,18 +76,18 @@ DecodeEngine::~DecodeEngine() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    for (auto& [id, seq] : seqs_) {
-      if (seq.state == State::kAwaitingKv) {
-        seq.cancelled = true;
-        awaiting.push_back(seq.transfer_id);
+    for (auto& [id, entry] : entries_) {
+      if (entry.awaiting_kv) {
+        entry.cancelled = true;
+        awaiting.push_back(entry.stream->transfer_id());
       }
     }
   }
   thread_.join();
   for (kvtransfer::TransferId id : awaiting) receiver_->Cancel(id);
   absl::MutexLock lock(&mu_);
-  for (auto& [id, seq] : seqs_) {
-    seq.stream->Push({.error = absl::UnavailableError("decode worker is shutting down")});
+  for (auto& [id, entry] : entries_) {
+    entry.stream->Push({.error = absl::UnavailableError("decode worker is shutting down")});
   }
 }
 
@@ -94,38 +98,24 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     return s;
   }
   const int prompt_len = static_cast<int>(request.prompt.size());
-
-  // The last generated token never enters the cache.
+  // Blocks for the whole request; the last generated token never enters the cache.
   const int reserve_tokens = prompt_len + request.sampling.max_tokens - 1;
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("decode worker is shutting down");
-    if (static_cast<int>(seqs_.size()) >= options_.max_running) {
-      metrics_->requests_rejected.Increment();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("decode worker holds its maximum of ", options_.max_running, " sequences"));
-    }
     const engine::SeqId id = next_seq_++;
-    if (absl::Status s = blocks_.Allocate(id, reserve_tokens); !s.ok()) {
+    absl::StatusOr<std::span<const int32_t>> blocks = scheduler_.AddRemote(
+        id, std::move(request.prompt), std::move(request.sampling), reserve_tokens);
+    if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
-          absl::StrCat("decode worker KV cache full: ", s.message()));
+          absl::StrCat("decode worker ", blocks.status().message()));
     }
-    const auto span = blocks_.BlockTable(id);
-    table.assign(span.begin(), span.end());
-    const kvtransfer::TransferId transfer_id = SplitMix64(transfer_salt_ + id);
-    stream = std::make_shared<DecodeStream>(id, transfer_id);
-    Sequence seq;
-    seq.request_id = std::move(request.request_id);
-    seq.sampling = std::move(request.sampling);
-    seq.prompt = std::move(request.prompt);
-    seq.block_table = table;
-    seq.prompt_len = prompt_len;
-    seq.transfer_id = transfer_id;
-    seq.stream = stream;
-    seqs_.emplace(id, std::move(seq));
+    table.assign(blocks->begin(), blocks->end());
+    stream = std::make_shared<DecodeStream>(id, SplitMix64(transfer_salt_ + id));
+    entries_.emplace(id, Entry{.request_id = std::move(request.request_id), .stream = stream});
     metrics_->requests_admitted.Increment();
     UpdateGaugesLocked();
   }
@@ -136,188 +126,169 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
   if (absl::Status s = receiver_->Expect(stream->transfer_id(), spec, sink, options_.kv_timeout);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
-    FreeLocked(stream->seq());
+    DropLocked(stream->seq());
     return s;
   }
   return stream;
 }
 
+void DecodeEngine::DropLocked(engine::SeqId id) {
+  scheduler_.Cancel(id);
+  entries_.erase(id);
+  UpdateGaugesLocked();
+}
+
 void DecodeEngine::Cancel(const DecodeStream& stream) {
-  kvtransfer::TransferId awaiting = 0;
-  bool is_awaiting = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = seqs_.find(stream.seq());
-    if (it == seqs_.end()) return;
-    Sequence& seq = it->second;
-    seq.cancelled = true;
-    if (seq.state == State::kAwaitingKv) {
-      is_awaiting = true;
-      awaiting = seq.transfer_id;
-    } else if (!seq.in_step) {
-      FreeLocked(stream.seq());
-    }  // else: freed by the engine thread when the step ends
+    auto it = entries_.find(stream.seq());
+    if (it == entries_.end()) return;
+    Entry& entry = it->second;
+    if (!entry.awaiting_kv) {
+      // Freed now, or by the engine thread when the step it is in ends.
+      if (scheduler_.Cancel(stream.seq())) {
+        entries_.erase(it);
+        UpdateGaugesLocked();
+      } else {
+        entry.cancelled = true;
+      }
+      return;
+    }
+    entry.cancelled = true;
   }
   // Outside mu_: the receiver calls OnKvComplete(CANCELLED), which frees.
-  if (is_awaiting) receiver_->Cancel(awaiting);
+  receiver_->Cancel(stream.transfer_id());
 }
 
 void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_token) {
   absl::MutexLock lock(&mu_);
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  Sequence& seq = it->second;
-  if (seq.cancelled || !first_token.ok()) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  Entry& entry = it->second;
+  if (entry.cancelled || !first_token.ok()) {
     if (!first_token.ok()) {
       metrics_->kv_receive_failures.Increment();
-      if (!seq.cancelled) {
-        PDSERVE_LOG(WARNING) << "request " << seq.request_id
+      if (!entry.cancelled) {
+        PDSERVE_LOG(WARNING) << "request " << entry.request_id
                              << ": KV transfer failed: " << first_token.status();
-        seq.stream->Push({.error = absl::Status(first_token.status().code(),
-                                                absl::StrCat("KV transfer failed: ",
-                                                             first_token.status().message()))});
+        entry.stream->Push({.error = absl::Status(first_token.status().code(),
+                                                  absl::StrCat("KV transfer failed: ",
+                                                               first_token.status().message()))});
       }
     }
-    FreeLocked(id);
+    DropLocked(id);
     return;
   }
   const int32_t token = *first_token;
   if (token < 0 || token >= runner_->config().vocab_size) {
-    seq.stream->Push(
+    entry.stream->Push(
         {.error = absl::InternalError(absl::StrCat("first token ", token, " out of range"))});
-    FreeLocked(id);
+    DropLocked(id);
     return;
   }
-  seq.last_token = token;
-  seq.position = seq.prompt_len;
-  seq.generated.push_back(token);
-  const engine::FinishReason reason =
-      engine::CheckFinish(runner_->config(), seq.sampling, token, 1, seq.prompt_len + 1);
-  if (reason != engine::FinishReason::kNone) {
-    seq.stream->Push({.finished = true, .finish_reason = reason, .completion_tokens = 1});
-    FreeLocked(id);
+  entry.awaiting_kv = false;
+  entry.num_generated = 1;
+  absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
+  if (!finish.ok()) {
+    entry.stream->Push({.error = absl::InternalError(finish.status().message())});
+    DropLocked(id);
     return;
   }
-  seq.state = State::kRunning;
-  ++num_running_;
-  UpdateGaugesLocked();
-}
-
-void DecodeEngine::FreeLocked(engine::SeqId id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  if (it->second.state == State::kRunning) --num_running_;
-  blocks_.Free(id);
-  seqs_.erase(it);
+  if (*finish != engine::FinishReason::kNone) {
+    entry.stream->Push({.finished = true, .finish_reason = *finish, .completion_tokens = 1});
+    entries_.erase(it);  // the scheduler freed it
+  } else {
+    entry.last_token_time = absl::Now();
+  }
   UpdateGaugesLocked();
 }
 
 void DecodeEngine::UpdateGaugesLocked() {
-  metrics_->running_sequences.Set(num_running_);
-  metrics_->waiting_kv_sequences.Set(static_cast<double>(seqs_.size()) - num_running_);
-  metrics_->kv_cache_usage.Set(blocks_.usage_ratio());
+  metrics_->running_sequences.Set(scheduler_.num_running());
+  metrics_->waiting_kv_sequences.Set(scheduler_.num_awaiting_kv());
+  metrics_->kv_cache_usage.Set(scheduler_.kv().usage_ratio());
 }
 
 DecodeLoad DecodeEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return DecodeLoad{.running = num_running_,
-                    .waiting_kv = static_cast<int>(seqs_.size()) - num_running_,
-                    .free_blocks = blocks_.num_free_blocks(),
-                    .total_blocks = blocks_.num_blocks()};
+  return DecodeLoad{.running = scheduler_.num_running(),
+                    .waiting_kv = scheduler_.num_awaiting_kv(),
+                    .free_blocks = scheduler_.kv().num_free_blocks(),
+                    .total_blocks = scheduler_.kv().num_blocks()};
 }
 
 void DecodeEngine::Loop() {
   const engine::ModelConfig& config = runner_->config();
   const double kv_bytes_per_token =
       static_cast<double>(config.KvBytesPerToken(engine::KvDtypeBytes(runner_->kv_dtype())));
-  std::vector<engine::SeqId> ids;
-  std::vector<Sequence*> batch_seqs;
-  std::vector<engine::DecodeSequence> batch;
-  std::vector<engine::SampledToken> sampled;
-  std::vector<float> logits;
-  std::vector<float> scratch;
   while (true) {
-    ids.clear();
-    batch_seqs.clear();
-    batch.clear();
+    engine::ScheduledStep step;
     double kv_tokens = 0;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || num_running_ > 0; };
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || scheduler_.num_running() > 0;
+      };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      // Pointers into seqs_ stay valid: nodes are not moved, and a sequence
-      // in the step is only erased by this thread.
-      for (auto& [id, seq] : seqs_) {
-        if (seq.state != State::kRunning || seq.cancelled) continue;
-        seq.in_step = true;
-        ids.push_back(id);
-        batch_seqs.push_back(&seq);
-        batch.push_back(
-            {.token = seq.last_token, .position = seq.position, .block_table = seq.block_table});
-        kv_tokens += seq.position + 1;
+      const absl::Time plan_start = absl::Now();
+      step = scheduler_.Schedule();
+      metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - plan_start));
+      if (step.empty()) {
+        // Running sequences that cannot step now (cancelled, awaiting
+        // blocks): wait for a change rather than spin.
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
+        continue;
       }
+      for (const engine::StepSequence& s : step.batch.seqs) kv_tokens += s.num_cached + 1;
     }
-    if (batch.empty()) continue;
 
     const absl::Time start = absl::Now();
-    absl::Status status = runner_->Decode(batch, logits);
-    sampled.assign(batch.size(), {});
-    if (status.ok()) {
-      // Histories are only appended to by this thread, after the step.
-      const size_t vocab = static_cast<size_t>(config.vocab_size);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const Sequence& seq = *batch_seqs[i];
-        sampled[i] = engine::Sample(
-            std::span<const float>(logits).subspan(i * vocab, vocab), seq.sampling,
-            {.prompt = seq.prompt, .generated = seq.generated}, config.eos_token_ids, scratch);
-      }
-    }
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const size_t batch_size = step.ids.size();
+    const absl::StatusOr<engine::StepOutput> output = runner_->Step(step.batch);
+    const absl::Time end = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(end - start);
     metrics_->step_seconds.Observe(seconds);
-    metrics_->batch_size.Observe(static_cast<double>(batch.size()));
-    if (seconds > 0) {
+    metrics_->batch_size.Observe(static_cast<double>(batch_size));
+    if (output.ok() && seconds > 0) {
       const double bytes_per_second = (weight_bytes_ + kv_tokens * kv_bytes_per_token) / seconds;
       metrics_->achieved_bytes_per_second.Set(bytes_per_second);
       if (options_.peak_memory_bandwidth > 0) {
         metrics_->bandwidth_utilization.Set(bytes_per_second / options_.peak_memory_bandwidth);
       }
     }
+    if (!output.ok()) PDSERVE_LOG(ERROR) << "decode step failed: " << output.status();
 
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      Sequence& seq = *batch_seqs[i];
-      seq.in_step = false;
-      if (seq.cancelled) {
-        FreeLocked(ids[i]);
+    for (const engine::SequenceUpdate& u : scheduler_.Complete(step, output)) {
+      auto it = entries_.find(u.id);
+      if (it == entries_.end()) continue;
+      Entry& entry = it->second;
+      if (u.cancelled) {
+        entries_.erase(it);
         continue;
       }
-      if (!status.ok()) {
-        PDSERVE_LOG(ERROR) << "decode step failed: " << status;
-        seq.stream->Push(
-            {.error = absl::InternalError(absl::StrCat("decode step failed: ", status.message()))});
-        FreeLocked(ids[i]);
+      if (!u.error.ok()) {
+        entry.stream->Push({.error = absl::InternalError(
+                                absl::StrCat("decode step failed: ", u.error.message()))});
+        entries_.erase(it);
         continue;
       }
-      const int32_t token = sampled[i].token;
-      seq.generated.push_back(token);
-      ++seq.position;
-      seq.last_token = token;
+      if (!u.token.has_value()) continue;
       metrics_->generation_tokens.Increment();
-      const int num_generated = static_cast<int>(seq.generated.size());
-      const engine::FinishReason reason = engine::CheckFinish(
-          config, seq.sampling, token, num_generated, seq.prompt_len + num_generated);
-      DecodeOutput out{.tokens = {std::move(sampled[i])}};
-      if (reason != engine::FinishReason::kNone) {
+      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - entry.last_token_time));
+      entry.last_token_time = end;
+      ++entry.num_generated;
+      DecodeOutput out{.tokens = {*u.token}};
+      if (u.finish != engine::FinishReason::kNone) {
         out.finished = true;
-        out.finish_reason = reason;
-        out.completion_tokens = num_generated;
-        seq.stream->Push(std::move(out));
-        FreeLocked(ids[i]);
-      } else {
-        seq.stream->Push(std::move(out));
+        out.finish_reason = u.finish;
+        out.completion_tokens = entry.num_generated;
       }
+      entry.stream->Push(std::move(out));
+      if (u.freed) entries_.erase(it);
     }
+    UpdateGaugesLocked();
   }
 }
 

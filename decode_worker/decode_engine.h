@@ -1,12 +1,14 @@
-// The decode worker's engine: reserves KV blocks for admitted requests,
-// receives their KV from prefill workers, and runs continuous batching — one
-// decode step over every running sequence, sequences joining when their KV and
-// first token arrive and leaving when they finish or are cancelled.
+// The decode worker's engine: the scheduler core (engine/scheduler) in its
+// decode role. Admission reserves KV blocks for the request and announces the
+// transfer; received KV is written straight into those blocks; when the KV
+// and the first token are in, the sequence joins continuous batching — one
+// step over every running sequence, sequences joining and leaving between
+// steps.
 //
-// Threads: one engine thread owns the step loop and the runner's Decode;
-// transport threads write received KV into blocks reserved for (and only
-// touched by) their sequence; gRPC handler threads Admit, read their stream
-// and Cancel. `mu_` guards all sequence state and the block manager.
+// Threads: one engine thread plans, runs and applies steps; transport threads
+// write received KV into blocks reserved for (and only touched by) their
+// sequence; gRPC handler threads Admit, read their stream and Cancel. `mu_`
+// guards the scheduler and the stream table.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +26,10 @@
 #include "absl/time/time.h"
 #include "common/output_queue.h"
 #include "decode_worker/decode_metrics.h"
-#include "engine/kvcache/block_manager.h"
 #include "engine/runtime/finish.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
+#include "engine/scheduler/scheduler.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::decode {
@@ -43,8 +45,8 @@ struct DecodeOutput {
   std::vector<engine::SampledToken> tokens;  // generated after the first token
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
-  int completion_tokens = 0;         // with the first token, when finished
-  absl::Status error;                // non-OK ends the stream with this status
+  int completion_tokens = 0;  // with the first token, when finished
+  absl::Status error;         // non-OK ends the stream with this status
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
@@ -61,7 +63,7 @@ class DecodeStream : public OutputQueue<DecodeOutput> {
 };
 
 struct DecodeEngineOptions {
-  int max_running = 256;                        // sequences in the batch plus waiting for KV
+  int max_running = 256;                          // sequences in the batch plus waiting for KV
   absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
   // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
   double peak_memory_bandwidth = 0;
@@ -92,28 +94,22 @@ class DecodeEngine {
   const std::string& kv_endpoint() const { return kv_endpoint_; }
 
  private:
-  enum class State { kAwaitingKv, kRunning };
-  struct Sequence {
+  // Per admitted request: its stream and what the scheduler does not keep.
+  struct Entry {
     std::string request_id;
-    engine::SamplingParams sampling;
-    std::vector<int32_t> block_table;  // copy: stable while the sequence lives
-    std::vector<int32_t> prompt;
-    std::vector<int32_t> generated;    // output so far, the first token included
-    int prompt_len = 0;
-    State state = State::kAwaitingKv;
-    int32_t last_token = 0;  // newest token, not yet in the cache
-    int position = 0;        // position of last_token
-    bool cancelled = false;
-    bool in_step = false;    // part of the step being computed
-    kvtransfer::TransferId transfer_id = 0;
     std::shared_ptr<DecodeStream> stream;
+    bool awaiting_kv = true;
+    bool cancelled = false;  // while awaiting KV: the receiver's cancel frees it
+    int num_generated = 0;   // tokens pushed, the first one included
+    absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;
 
   void Loop();
   // Called by a Sink when the transfer ended.
   void OnKvComplete(engine::SeqId seq, absl::StatusOr<int32_t> first_token);
-  void FreeLocked(engine::SeqId seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a sequence that is not in a step (awaiting KV, or between steps).
+  void DropLocked(engine::SeqId seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DecodeEngineOptions options_;
@@ -125,9 +121,8 @@ class DecodeEngine {
   const double weight_bytes_;
 
   mutable absl::Mutex mu_;
-  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<engine::SeqId, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
-  int num_running_ ABSL_GUARDED_BY(mu_) = 0;
+  engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t transfer_salt_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -16,10 +16,15 @@ struct DecodeMetrics {
   prometheus::Gauge& waiting_kv_sequences;    // reserved, KV not yet complete
   prometheus::Gauge& kv_cache_usage;          // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& step_seconds;
+  prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Histogram& batch_size;
   prometheus::Counter& generation_tokens;
   prometheus::Gauge& achieved_bytes_per_second;  // weights + KV read per step / step time
-  prometheus::Gauge& bandwidth_utilization;      // achieved / --peak_memory_bandwidth (0 if unset)
+  prometheus::Gauge& bandwidth_utilization;      // achieved / peak_memory_bandwidth
+  prometheus::Gauge& peak_memory_bandwidth;      // bytes/s the ratio is relative to; 0: unknown
+  // Between consecutive tokens of one sequence at this worker; the first
+  // gap runs from the sequence joining the batch.
+  prometheus::Histogram& inter_token_latency;
   prometheus::Counter& kv_received_bytes;
   prometheus::Counter& kv_receive_failures;
   prometheus::Counter& requests_admitted;

@@ -46,7 +46,7 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context,
           return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
         }
         internal::v1::DecodeEvent finished;
-        finished.mutable_finished()->set_finish_reason(static_cast<int>(out.finish_reason));
+        finished.mutable_finished()->set_finish_reason(FinishReasonToProto(out.finish_reason));
         finished.mutable_finished()->set_completion_tokens(out.completion_tokens);
         writer->Write(finished);
         return grpc::Status::OK;

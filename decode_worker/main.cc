@@ -9,15 +9,17 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "common/worker_registrar.h"
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
+#include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "kvtransfer/transport_factory.h"
 
@@ -39,7 +41,8 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
-          "Peak memory bandwidth in bytes/s for the utilisation gauge");
+          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: measure it at start-up "
+          "(cpu backend)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -54,6 +57,12 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
+  // Before the model loads: the measurement's buffers are freed by then.
+  const engine::ResolvedPeak peak = engine::ResolvePeak(
+      engine::PeakKind::kMemoryBandwidth, absl::GetFlag(FLAGS_peak_memory_bandwidth),
+      "peak_memory_bandwidth",
+      {.backend = absl::GetFlag(FLAGS_backend), .threads = absl::GetFlag(FLAGS_threads)});
+  PDSERVE_LOG(INFO) << "memory bandwidth peak: " << peak.source;
 
   engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
                                        .backend = absl::GetFlag(FLAGS_backend),
@@ -75,6 +84,8 @@ int Main() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
+  metrics.peak_memory_bandwidth.Set(peak.value);
+  RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -84,7 +95,7 @@ int Main() {
   decode::DecodeEngineOptions engine_options{
       .max_running = absl::GetFlag(FLAGS_max_running),
       .kv_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_timeout_ms)),
-      .peak_memory_bandwidth = absl::GetFlag(FLAGS_peak_memory_bandwidth)};
+      .peak_memory_bandwidth = peak.value};
   // Destroyed before the receiver and the runner it uses.
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics);
@@ -122,9 +133,10 @@ int Main() {
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
                 {{"kv_endpoint", engine->kv_endpoint()}});
-  PDSERVE_LOG(INFO) << "decode worker " << worker_id << " serving on " << address << ", KV on "
-                    << engine->kv_endpoint() << ", metrics on port " << (*metrics_server)->port()
-                    << ", " << (*runner)->num_kv_blocks() << " KV blocks";
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " decode worker " << worker_id
+                    << " serving on " << address << ", KV on " << engine->kv_endpoint()
+                    << ", metrics on port " << (*metrics_server)->port() << ", "
+                    << (*runner)->num_kv_blocks() << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -149,6 +161,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "A decode worker: receives KV from prefill workers and streams the remaining tokens",
+      __FILE__);
   return pdserve::Main();
 }

@@ -6,10 +6,11 @@ namespace pdserve::frontend {
 
 ClientMetrics::ClientMetrics(prometheus::Registry& r)
     : time_to_first_token(MakeHistogram(r, "pdserve_time_to_first_token_seconds",
-                                        "Request arrival to first token sent", LatencyBuckets())),
+                                        "Request arrival to first token sent",
+                                        TimeToFirstTokenBuckets())),
       inter_token_latency(MakeHistogram(r, "pdserve_inter_token_latency_seconds",
                                         "Time between consecutive streamed tokens",
-                                        TokenLatencyBuckets())),
+                                        InterTokenLatencyBuckets())),
       e2e_latency(MakeHistogram(r, "pdserve_e2e_request_latency_seconds",
                                 "Request arrival to last message", LatencyBuckets())),
       queue_time(MakeHistogram(r, "pdserve_request_queue_time_seconds",
@@ -39,6 +40,9 @@ ClientMetrics::ClientMetrics(prometheus::Registry& r)
       rejected(prometheus::BuildCounter()
                    .Name("pdserve_requests_rejected_total")
                    .Help("Requests refused before generation, by reason")
-                   .Register(r)) {}
+                   .Register(r)) {
+  for (const std::string& label : kFinishLabels) requests.Add({{"finish_reason", label}});
+  for (const std::string& reason : kRejectReasons) rejected.Add({{"reason", reason}});
+}
 
 }  // namespace pdserve::frontend

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -12,6 +13,15 @@
 #include "prometheus/registry.h"
 
 namespace pdserve::frontend {
+
+// Every value the labels below take. The series of each are created at
+// start-up with value 0, so that rate() sees the first increment and
+// dashboards show a flat zero rather than nothing.
+inline const std::vector<std::string> kFinishLabels = {"length",   "stop",  "context", "cancelled",
+                                                       "deadline", "error", "rejected"};
+inline const std::vector<std::string> kRejectReasons = {
+    "invalid_argument", "capacity",           "draining",    "no_prefill_worker",
+    "no_decode_worker", "resource_exhausted", "unavailable", "other"};
 
 struct ClientMetrics {
   // Registers the series in `registry`, which must outlive this struct.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/sampling_wire.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "text/utf8.h"
@@ -140,7 +141,7 @@ v1::GenerateResponse DeltaToProto(const Delta& delta, const std::string& request
   }
   out.set_text(delta.text);
   if (delta.finished) {
-    out.set_finish_reason(static_cast<v1::FinishReason>(delta.finish_reason));
+    out.set_finish_reason(FinishReasonToProto(delta.finish_reason));
     out.set_matched_stop(delta.matched_stop);
     out.mutable_usage()->set_prompt_tokens(delta.prompt_tokens);
     out.mutable_usage()->set_completion_tokens(delta.completion_tokens);

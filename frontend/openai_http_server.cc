@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/process_metrics.h"
 #include "frontend/openai_protocol.h"
 #include "httplib.h"
 
@@ -278,7 +279,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
   return OpenAiHttpServer::Start(
       {.host = host,
        .port = port,
-       .model_name = model_name.empty() ? DefaultModelName(model_dir) : model_name,
+       .model_name = model_name.empty() ? ModelNameOf(model_dir) : model_name,
        .max_threads = std::max(max_in_flight, 0) + 64},
       sessions);
 }

@@ -73,8 +73,9 @@ class OpenAiHttpServer {
 };
 
 // What a main starts from its flags: no server when `port` < 0; the model
-// name is `model_name`, else DefaultModelName(model_dir); threads follow the
-// admission limit.
+// name is `model_name`, else ModelNameOf(model_dir) (common/process_metrics.h:
+// config.json's _name_or_path, else the directory's last component); threads
+// follow the admission limit.
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
     int max_in_flight, SessionManager* sessions);

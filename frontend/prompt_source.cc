@@ -28,12 +28,4 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   return source;
 }
 
-std::string DefaultModelName(const std::string& model_dir) {
-  std::string dir = model_dir;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const size_t slash = dir.rfind('/');
-  std::string name = slash == std::string::npos ? dir : dir.substr(slash + 1);
-  return name.empty() ? "model" : name;
-}
-
 }  // namespace pdserve::frontend

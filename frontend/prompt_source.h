@@ -31,8 +31,4 @@ struct PromptSource {
   static absl::StatusOr<PromptSource> Load(const std::string& model_dir);
 };
 
-// The name a model is served under unless configured: the last component of
-// its directory ("/models/Llama-3.2-1B/" -> "Llama-3.2-1B").
-std::string DefaultModelName(const std::string& model_dir);
-
 }  // namespace pdserve::frontend

@@ -61,4 +61,18 @@ engine::SampledToken LogprobsFromProto(int32_t token,
   return out;
 }
 
+// engine::FinishReason travels as its integer value (the decode worker's
+// finished event) and becomes pdserve.v1.FinishReason at the front end: the
+// two enums must keep the same numbering.
+static_assert(static_cast<int>(engine::FinishReason::kNone) == v1::FINISH_REASON_UNSPECIFIED);
+static_assert(static_cast<int>(engine::FinishReason::kLength) == v1::FINISH_REASON_LENGTH);
+static_assert(static_cast<int>(engine::FinishReason::kStop) == v1::FINISH_REASON_STOP);
+static_assert(static_cast<int>(engine::FinishReason::kContext) == v1::FINISH_REASON_CONTEXT);
+static_assert(v1::FinishReason_MAX == v1::FINISH_REASON_CONTEXT,
+              "a new pdserve.v1.FinishReason needs its engine::FinishReason");
+
+v1::FinishReason FinishReasonToProto(engine::FinishReason reason) {
+  return static_cast<v1::FinishReason>(static_cast<int>(reason));
+}
+
 }  // namespace pdserve

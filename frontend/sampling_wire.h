@@ -5,8 +5,10 @@
 // (pdserve_sampling_wire) so workers need no tokenizer or front end.
 #pragma once
 
+#include "engine/runtime/finish.h"
 #include "engine/runtime/sampler.h"
 #include "pdserve/internal/v1/worker.pb.h"
+#include "pdserve/v1/generation.pb.h"
 
 namespace pdserve {
 

@@ -9,13 +9,15 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "common/worker_registrar.h"
+#include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "kvtransfer/transport_factory.h"
 #include "prefill_worker/prefill_engine.h"
@@ -36,9 +38,12 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
           "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
-ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill batch");
+ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
+          "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
-ABSL_FLAG(double, peak_flops, 0, "Peak FLOP/s of the device for the MFU gauge");
+ABSL_FLAG(double, peak_flops, 0,
+          "Peak FLOP/s of the device for the MFU gauge; 0: measure it at start-up (cpu backend)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long queued prompts may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -53,6 +58,11 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
+  // Before the model loads: the measurement's buffers are freed by then.
+  const engine::ResolvedPeak peak = engine::ResolvePeak(
+      engine::PeakKind::kFlops, absl::GetFlag(FLAGS_peak_flops), "peak_flops",
+      {.backend = absl::GetFlag(FLAGS_backend), .threads = absl::GetFlag(FLAGS_threads)});
+  PDSERVE_LOG(INFO) << "MFU peak: " << peak.source;
 
   engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
                                        .backend = absl::GetFlag(FLAGS_backend),
@@ -65,14 +75,18 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  auto registry = std::make_shared<prometheus::Registry>();
+  prefill::PrefillMetrics metrics(*registry);
+  metrics.peak_flops.Set(peak.value);
+  RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
+  // After the metrics: the sender's completion callbacks may still run while
+  // it shuts down, and must find the metrics alive.
   auto sender = kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport));
   if (!sender.ok()) {
     PDSERVE_LOG(ERROR) << sender.status();
     return 1;
   }
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  prefill::PrefillMetrics metrics(*registry);
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -81,8 +95,9 @@ int Main() {
 
   prefill::PrefillEngineOptions engine_options{
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
+      .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
-      .peak_flops = absl::GetFlag(FLAGS_peak_flops)};
+      .peak_flops = peak.value};
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
   prefill::PrefillService service(engine.get(), sender->get());
@@ -116,8 +131,9 @@ int Main() {
   }
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
-  PDSERVE_LOG(INFO) << "prefill worker " << worker_id << " serving on " << address
-                    << ", metrics on port " << (*metrics_server)->port();
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " prefill worker " << worker_id
+                    << " serving on " << address << ", metrics on port "
+                    << (*metrics_server)->port();
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -138,6 +154,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "A prefill worker: runs prompts, sends their KV to decode workers and returns first tokens",
+      __FILE__);
   return pdserve::Main();
 }

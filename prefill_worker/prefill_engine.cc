@@ -1,6 +1,6 @@
 #include "prefill_worker/prefill_engine.h"
 
-#include <atomic>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -20,37 +20,58 @@ void PrefillTicket::Complete(absl::StatusOr<PrefillOutcome> result) {
   if (!result_.has_value()) result_ = std::move(result);
 }
 
+namespace {
+
+engine::SchedulerOptions SchedulerOptionsFor(const PrefillEngineOptions& o) {
+  return {.role = engine::SchedulerRole::kPrefill,
+          .plan = {.max_num_seqs = o.max_queued_requests,
+                   .max_batch_tokens = o.max_batch_tokens,
+                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens}};
+}
+
+}  // namespace
+
 PrefillEngine::PrefillEngine(PrefillEngineOptions options, engine::ModelRunner* runner,
                              PrefillMetrics* metrics)
     : options_(options),
       runner_(runner),
       metrics_(metrics),
-      blocks_(runner->num_kv_blocks(), runner->kv_block_size()) {
+      sends_(std::make_shared<SendTracker>()),
+      scheduler_(SchedulerOptionsFor(options), runner->config(), runner->num_kv_blocks(),
+                 runner->kv_block_size()) {
+  {
+    absl::MutexLock lock(&sends_->mu);
+    sends_->metrics = metrics;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
 PrefillEngine::~PrefillEngine() {
-  std::deque<Job> dropped;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    dropped.swap(queue_);
   }
   thread_.join();
-  for (Job& job : dropped) {
-    job.request.kv_session->Abort(absl::UnavailableError("prefill worker is shutting down"));
-    job.ticket->Complete(absl::UnavailableError("prefill worker is shutting down"));
+  // The loop has ended: whatever is left never ran to the end.
+  for (auto& [id, job] : jobs_) {
+    const absl::Status why = absl::UnavailableError("prefill worker is shutting down");
+    job.kv_session->Abort(why);
+    job.ticket->Complete(why);
   }
-  // Wait for the receivers' acks (bounded by the transport's own timeouts).
-  absl::MutexLock lock(&mu_);
-  auto all_done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    for (const Sending& s : sending_) {
-      if (!s.done->load()) return false;
-    }
-    return true;
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(10));
-  sending_.clear();
+  jobs_.clear();
+  // Wait (bounded) for the receivers' acks of sends in flight; callbacks set
+  // the count under the tracker's lock, so this wakes as soon as they are in.
+  std::vector<std::unique_ptr<kvtransfer::SendSession>> sessions;
+  {
+    absl::MutexLock lock(&sends_->mu);
+    auto all_done = [this]()
+                        ABSL_SHARED_LOCKS_REQUIRED(sends_->mu) { return sends_->in_flight == 0; };
+    sends_->mu.AwaitWithTimeout(absl::Condition(&all_done), options_.send_drain_timeout);
+    sends_->metrics = nullptr;  // late callbacks must not touch the metrics
+    for (auto& [key, session] : sends_->sessions) sessions.push_back(std::move(session));
+    sends_->sessions.clear();
+  }
+  sessions.clear();  // outside the lock: destroying a session may run its callback
 }
 
 kvtransfer::TransferSpec PrefillEngine::SpecFor(int num_tokens) const {
@@ -70,7 +91,8 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
   const int n = static_cast<int>(request.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (n >= config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", n, " tokens leaves no room in the context of ",
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", n,
+                                                   " tokens leaves no room in the context of ",
                                                    config.max_position_embeddings));
   }
   for (int32_t t : request.prompt) {
@@ -79,199 +101,246 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
           absl::StrCat("prompt_token_ids: token ", t, " outside [0, ", config.vocab_size, ")"));
     }
   }
-  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size); !s.ok()) {
+  if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size);
+      !s.ok()) {
     return s;
   }
   if (request.kv_session == nullptr) return absl::InvalidArgumentError("no KV session");
   auto ticket = std::make_shared<PrefillTicket>();
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("prefill worker is shutting down");
-  if (blocks_.BlocksForTokens(n) > blocks_.num_blocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("prompt of ", n, " tokens exceeds this prefill worker's KV cache"));
-  }
-  if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
+  if (static_cast<int>(jobs_.size()) >= options_.max_queued_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("prefill queue full (", options_.max_queued_requests, " requests)"));
   }
-  queued_tokens_ += n;
-  queue_.push_back(Job{std::move(request), ticket, absl::Now()});
+  const engine::SeqId id = next_seq_++;
+  if (absl::Status s = scheduler_.AddPrompt(id, std::move(request.prompt), request.sampling);
+      !s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt of ", n, " tokens exceeds this prefill worker's KV cache: ", s.message()));
+  }
+  jobs_.emplace(id, Job{.request_id = std::move(request.request_id),
+                        .kv_session = std::move(request.kv_session),
+                        .ticket = ticket,
+                        .prompt_len = n,
+                        .enqueued = absl::Now()});
+  wake_ = true;
   UpdateGaugesLocked();
   return ticket;
 }
 
 void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
-  std::optional<Job> dropped;
+  std::unique_ptr<kvtransfer::SendSession> session;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->ticket == ticket) {
-        queued_tokens_ -= static_cast<int64_t>(it->request.prompt.size());
-        dropped = std::move(*it);
-        queue_.erase(it);
-        UpdateGaugesLocked();
-        break;
-      }
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->second.ticket != ticket) continue;
+      // In a step: the engine thread ends it when the step completes.
+      if (!scheduler_.Cancel(it->first)) return;
+      session = std::move(it->second.kv_session);
+      jobs_.erase(it);
+      UpdateGaugesLocked();
+      break;
     }
   }
-  if (dropped) {
-    dropped->request.kv_session->Abort(absl::CancelledError("prefill cancelled by the caller"));
-    dropped->ticket->Complete(absl::CancelledError("prefill cancelled by the caller"));
-  }
+  if (session == nullptr) return;
+  const absl::Status why = absl::CancelledError("prefill cancelled by the caller");
+  session->Abort(why);
+  ticket->Complete(why);
 }
 
 PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return PrefillLoad{.queued_tokens = queued_tokens_ + running_tokens_,
-                     .queued_requests = static_cast<int>(queue_.size()) + running_requests_};
+  return PrefillLoad{.queued_tokens = scheduler_.pending_prompt_tokens(),
+                     .queued_requests = static_cast<int>(jobs_.size())};
 }
 
 void PrefillEngine::UpdateGaugesLocked() {
-  metrics_->queue_depth.Set(static_cast<double>(queue_.size()));
-  metrics_->queued_tokens.Set(static_cast<double>(queued_tokens_));
-  metrics_->kv_cache_usage.Set(blocks_.usage_ratio());
-}
-
-void PrefillEngine::ReapSendsLocked() {
-  std::erase_if(sending_, [](const Sending& s) { return s.done->load(); });
+  metrics_->queue_depth.Set(scheduler_.num_waiting());
+  metrics_->queued_tokens.Set(static_cast<double>(scheduler_.pending_prompt_tokens()));
+  metrics_->kv_cache_usage.Set(scheduler_.kv().usage_ratio());
 }
 
 void PrefillEngine::Loop() {
-  std::vector<Job> batch;
+  const engine::ModelConfig& config = runner_->config();
   while (true) {
-    batch.clear();
+    engine::ScheduledStep step;
+    std::vector<Job*> jobs;
+    absl::Time start;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
-      ReapSendsLocked();
       if (stop_) return;
-      // First come, first served, up to the token budget and the free blocks;
-      // the head of the queue always runs.
-      int tokens = 0;
-      while (!queue_.empty()) {
-        const int n = static_cast<int>(queue_.front().request.prompt.size());
-        if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
-        if (!blocks_.CanAllocate(n)) break;
-        tokens += n;
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      wake_ = false;
+      const absl::Time plan_start = absl::Now();
+      step = scheduler_.Schedule();
+      start = absl::Now();
+      metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
+      if (step.empty()) continue;
+      wake_ = true;  // plan again right after this step
+      for (engine::SeqId id : step.ids) {
+        Job& job = jobs_.at(id);
+        if (!job.started_set) {
+          job.started = start;
+          job.started_set = true;
+        }
+        jobs.push_back(&job);
       }
-      queued_tokens_ -= tokens;
-      running_tokens_ = tokens;
-      running_requests_ = static_cast<int>(batch.size());
+      running_tokens_ = step.num_tokens;
+      running_requests_ = static_cast<int>(step.ids.size());
       UpdateGaugesLocked();
     }
-    if (!batch.empty()) RunBatch(batch);
+
+    double flops = 0;
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      const engine::StepSequence& s = step.batch.seqs[i];
+      flops += config.PrefillFlops(s.num_cached + static_cast<int>(s.tokens.size())) -
+               config.PrefillFlops(s.num_cached);
+    }
+    std::vector<absl::Status> send_status(step.ids.size());
+    std::vector<size_t> sent_bytes(step.ids.size(), 0);
+    absl::Time first_layer_sent = absl::InfiniteFuture();
+    const absl::StatusOr<engine::StepOutput> output =
+        RunStep(step, jobs, send_status, sent_bytes, first_layer_sent);
+    const absl::Time compute_end = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(compute_end - start);
+    metrics_->step_seconds.Observe(seconds);
+    metrics_->batch_tokens.Observe(step.num_tokens);
+    if (output.ok() && seconds > 0) {
+      metrics_->achieved_flops.Set(flops / seconds);
+      if (options_.peak_flops > 0) metrics_->mfu.Set(flops / seconds / options_.peak_flops);
+    }
+    const absl::Time transfer_start = std::min(first_layer_sent, compute_end);
+
+    // Outcomes are handed out after the lock is released.
+    struct Done {
+      Job job;
+      std::optional<engine::SampledToken> first;
+      absl::Status error;
+      size_t sent_bytes = 0;
+    };
+    std::vector<Done> done;
+    {
+      absl::MutexLock lock(&mu_);
+      const std::vector<engine::SequenceUpdate> updates = scheduler_.Complete(step, output);
+      for (size_t i = 0; i < updates.size(); ++i) {
+        const engine::SequenceUpdate& u = updates[i];
+        auto it = jobs_.find(u.id);
+        if (it == jobs_.end()) continue;
+        if (u.cancelled) {
+          done.push_back({.job = std::move(it->second),
+                          .error = absl::CancelledError("prefill cancelled by the caller")});
+        } else if (!u.error.ok()) {
+          done.push_back(
+              {.job = std::move(it->second),
+               .error = absl::InternalError(absl::StrCat("prefill failed: ", u.error.message()))});
+        } else if (u.token.has_value()) {
+          // Its KV is staged in the session: the blocks are free to reuse.
+          scheduler_.Release(u.id);
+          done.push_back({.job = std::move(it->second),
+                          .first = *u.token,
+                          .error = send_status[i],
+                          .sent_bytes = sent_bytes[i]});
+        } else {
+          continue;  // a chunk of a longer prompt: more steps to come
+        }
+        jobs_.erase(it);
+      }
+      running_tokens_ = 0;
+      running_requests_ = 0;
+      UpdateGaugesLocked();
+    }
+    for (Done& d : done) {
+      metrics_->requests.Increment();
+      metrics_->prompt_tokens.Increment(d.job.prompt_len);
+      if (!d.first.has_value()) {
+        d.job.kv_session->Abort(d.error);
+        d.job.ticket->Complete(d.error);
+      } else if (!d.error.ok()) {
+        metrics_->kv_transfer_failures.Increment();
+        d.job.kv_session->Abort(d.error);
+        d.job.ticket->Complete(absl::UnavailableError(
+            absl::StrCat("KV transfer to the decode worker failed: ", d.error.message())));
+      } else {
+        FinishJob(d.job, *std::move(d.first), d.sent_bytes, transfer_start, compute_end, seconds);
+      }
+    }
   }
 }
 
-void PrefillEngine::RunBatch(std::vector<Job>& batch) {
-  const engine::ModelConfig& config = runner_->config();
-  const absl::Time start = absl::Now();
-  std::vector<engine::SeqId> seqs;
-  std::vector<std::vector<int32_t>> tables;
-  int total_tokens = 0;
-  double flops = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (Job& job : batch) {
-      const engine::SeqId seq = next_seq_++;
-      const int n = static_cast<int>(job.request.prompt.size());
-      // CanAllocate was checked for the batch as a whole under the same lock.
-      PDSERVE_CHECK(blocks_.Allocate(seq, n).ok());
-      auto table = blocks_.BlockTable(seq);
-      seqs.push_back(seq);
-      tables.emplace_back(table.begin(), table.end());
-      total_tokens += n;
-      flops += config.PrefillFlops(n);
-    }
-    UpdateGaugesLocked();
-  }
-
-  std::vector<engine::PrefillSequence> inputs;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    inputs.push_back({.tokens = batch[i].request.prompt, .block_table = tables[i]});
-  }
-  std::vector<absl::Status> send_status(batch.size());
-  std::vector<size_t> sent_bytes(batch.size(), 0);
-  std::optional<absl::Time> first_layer_sent;
-  // Runs on this thread after each layer: copy its KV out and queue it.
-  auto on_layer_done = [&](int layer) {
-    if (!first_layer_sent) first_layer_sent = absl::Now();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (!send_status[i].ok()) continue;
-      const int n = static_cast<int>(batch[i].request.prompt.size());
+absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(engine::ScheduledStep& step,
+                                                          const std::vector<Job*>& jobs,
+                                                          std::vector<absl::Status>& send_status,
+                                                          std::vector<size_t>& sent_bytes,
+                                                          absl::Time& first_layer_sent) {
+  absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner_->Enqueue(step.batch);
+  if (!handle.ok()) return handle.status();
+  // While the runner computes layer i+1, copy layer i of every prompt this
+  // step finishes (all its tokens, earlier chunks included) into its session.
+  for (int layer = 0; layer < runner_->config().num_layers; ++layer) {
+    if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+    if (layer == 0) first_layer_sent = absl::Now();
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      const engine::StepSequence& seq = step.batch.seqs[i];
+      if (seq.sampling == nullptr || !send_status[i].ok()) continue;
+      const int n = jobs[i]->prompt_len;
       std::vector<std::byte> payload(runner_->LayerKvBytes(n));
-      send_status[i] = runner_->ReadLayerKv(layer, tables[i], n, payload);
+      send_status[i] = runner_->ReadLayerKv(layer, seq.block_table, n, payload);
       if (!send_status[i].ok()) continue;
       sent_bytes[i] += payload.size();
-      send_status[i] = batch[i].request.kv_session->SendLayer(layer, std::move(payload));
+      send_status[i] = jobs[i]->kv_session->SendLayer(layer, std::move(payload));
     }
-  };
-  std::vector<float> logits;
-  absl::Status status = runner_->Prefill(inputs, on_layer_done, logits);
-  const absl::Time compute_end = absl::Now();
-  const double seconds = absl::ToDoubleSeconds(compute_end - start);
-  metrics_->step_seconds.Observe(seconds);
-  metrics_->batch_tokens.Observe(total_tokens);
-  if (status.ok() && seconds > 0) {
-    metrics_->achieved_flops.Set(flops / seconds);
-    if (options_.peak_flops > 0) metrics_->mfu.Set(flops / seconds / options_.peak_flops);
   }
+  return (*handle)->Wait();
+}
 
-  const size_t vocab = static_cast<size_t>(config.vocab_size);
-  std::vector<float> scratch;
-  const absl::Time transfer_start = first_layer_sent.value_or(compute_end);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Job& job = batch[i];
-    metrics_->requests.Increment();
-    metrics_->prompt_tokens.Increment(static_cast<double>(job.request.prompt.size()));
-    if (!status.ok()) {
-      job.request.kv_session->Abort(status);
-      job.ticket->Complete(absl::InternalError(absl::StrCat("prefill failed: ", status.message())));
-      continue;
+void PrefillEngine::FinishJob(Job& job, engine::SampledToken first, size_t sent_bytes,
+                              absl::Time transfer_start, absl::Time compute_end,
+                              double compute_seconds) {
+  const int32_t first_token = first.token;
+  metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(absl::Now() - job.enqueued));
+  job.ticket->Complete(
+      PrefillOutcome{.first_token = std::move(first),
+                     .queue_seconds = absl::ToDoubleSeconds(job.started - job.enqueued),
+                     .compute_seconds = compute_seconds});
+  std::shared_ptr<SendTracker> tracker = sends_;
+  kvtransfer::SendSession* session = job.kv_session.get();
+  std::vector<std::unique_ptr<kvtransfer::SendSession>> reaped;
+  uint64_t key;
+  {
+    absl::MutexLock lock(&tracker->mu);
+    // Sessions whose send completed since the last time are destroyed below.
+    for (uint64_t k : tracker->done_keys) {
+      auto it = tracker->sessions.find(k);
+      reaped.push_back(std::move(it->second));
+      tracker->sessions.erase(it);
     }
-    if (!send_status[i].ok()) {
-      metrics_->kv_transfer_failures.Increment();
-      job.request.kv_session->Abort(send_status[i]);
-      job.ticket->Complete(absl::UnavailableError(
-          absl::StrCat("KV transfer to the decode worker failed: ", send_status[i].message())));
-      continue;
-    }
-    engine::SampledToken first = engine::Sample(
-        std::span<const float>(logits).subspan(i * vocab, vocab), job.request.sampling,
-        {.prompt = job.request.prompt, .generated = {}}, config.eos_token_ids, scratch);
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    PrefillMetrics* metrics = metrics_;
-    const size_t bytes = sent_bytes[i];
-    const std::string request_id = job.request.request_id;
-    job.request.kv_session->Finish(first.token, [metrics, done, bytes, transfer_start, compute_end,
-                                           request_id](absl::Status s) {
-      const absl::Time now = absl::Now();
-      if (s.ok()) {
-        metrics->kv_transfer_seconds.Observe(absl::ToDoubleSeconds(now - transfer_start));
-        metrics->kv_transfer_exposed_seconds.Observe(absl::ToDoubleSeconds(now - compute_end));
-        metrics->kv_transfer_bytes.Increment(static_cast<double>(bytes));
-      } else {
-        metrics->kv_transfer_failures.Increment();
-        PDSERVE_LOG(WARNING) << "request " << request_id << ": KV transfer failed: " << s;
-      }
-      done->store(true);
-    });
-    job.ticket->Complete(PrefillOutcome{
-        .first_token = std::move(first),
-        .queue_seconds = absl::ToDoubleSeconds(start - job.enqueued),
-        .compute_seconds = seconds});
-    absl::MutexLock lock(&mu_);
-    sending_.push_back(Sending{std::move(job.request.kv_session), std::move(done)});
+    tracker->done_keys.clear();
+    key = tracker->next_key++;
+    tracker->sessions.emplace(key, std::move(job.kv_session));
+    ++tracker->in_flight;
   }
-
-  absl::MutexLock lock(&mu_);
-  for (engine::SeqId seq : seqs) blocks_.Free(seq);
-  running_tokens_ = 0;
-  running_requests_ = 0;
-  UpdateGaugesLocked();
+  reaped.clear();
+  // `done` may run inline (a session that already failed) or on a transport
+  // thread; either way it only marks the session for reaping.
+  session->Finish(first_token, [tracker, key, sent_bytes, transfer_start, compute_end,
+                                request_id = job.request_id](absl::Status s) {
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&tracker->mu);
+    --tracker->in_flight;
+    tracker->done_keys.push_back(key);
+    PrefillMetrics* metrics = tracker->metrics;
+    if (metrics == nullptr) return;  // the engine is gone
+    if (s.ok()) {
+      metrics->kv_transfer_seconds.Observe(absl::ToDoubleSeconds(now - transfer_start));
+      metrics->kv_transfer_exposed_seconds.Observe(absl::ToDoubleSeconds(now - compute_end));
+      metrics->kv_transfer_bytes.Increment(static_cast<double>(sent_bytes));
+    } else {
+      metrics->kv_transfer_failures.Increment();
+      PDSERVE_LOG(WARNING) << "request " << request_id << ": KV transfer failed: " << s;
+    }
+  });
 }
 
 }  // namespace pdserve::prefill

@@ -1,29 +1,33 @@
-// The prefill worker's engine: queues prompts, batches them up to a token
-// budget, runs one prefill per batch, streams each layer's KV to the decode
-// worker named by the request as soon as the layer is computed, samples the
-// first token and hands it back at once (time to first token ends there).
+// The prefill worker's engine: the scheduler core (engine/scheduler) in its
+// prefill role. Prompts are queued and admitted while their blocks fit,
+// batched up to a token budget (optionally in chunks); each step's layers are
+// copied out and queued on the request's KV session as soon as the layer is
+// in the cache, while the runner computes the next one; the first token is
+// sampled by the runner and handed back at once (time to first token ends
+// there). A prompt's blocks are held until its KV has been staged for the
+// transport, then released.
 //
-// Threads: one engine thread runs batches; gRPC handler threads Submit,
-// wait on their ticket and Cancel; KV send completion runs on transport
-// threads. `mu_` guards the queue and the block manager.
+// Threads: one engine thread plans, runs and applies steps; gRPC handler
+// threads Submit, wait on their ticket and Cancel; KV send completion runs on
+// transport threads. `mu_` guards the scheduler and the job table.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/kvcache/block_manager.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
+#include "engine/scheduler/scheduler.h"
 #include "kvtransfer/transport.h"
 #include "prefill_worker/prefill_metrics.h"
 
@@ -56,9 +60,12 @@ class PrefillTicket {
 };
 
 struct PrefillEngineOptions {
-  int max_batch_tokens = 4096;      // prompt tokens per batch (a longer prompt runs alone)
-  int max_queued_requests = 1024;   // beyond: RESOURCE_EXHAUSTED
-  double peak_flops = 0;            // FLOP/s for the MFU gauge; 0: unknown
+  int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
+  int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
+  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  double peak_flops = 0;             // FLOP/s for the MFU gauge; 0: unknown
+  // How long the destructor waits for KV sends in flight to be acknowledged.
+  absl::Duration send_drain_timeout = absl::Seconds(10);
 };
 
 struct PrefillLoad {
@@ -77,40 +84,64 @@ class PrefillEngine {
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);
-  // Drops the request if it has not started; a running batch completes.
+  // Drops the request: at once if it waits, else at the end of the step it
+  // is in (a chunked prompt stops at the next chunk). No effect once the
+  // ticket completed.
   void Cancel(const std::shared_ptr<PrefillTicket>& ticket);
 
   PrefillLoad load() const;
 
  private:
   struct Job {
-    PrefillRequest request;
+    std::string request_id;
+    std::unique_ptr<kvtransfer::SendSession> kv_session;
     std::shared_ptr<PrefillTicket> ticket;
+    int prompt_len = 0;
     absl::Time enqueued;
+    absl::Time started;  // first step that computed it
+    bool started_set = false;
   };
-  // A finished session whose receiver ack is pending; reaped by the loop.
-  struct Sending {
-    std::unique_ptr<kvtransfer::SendSession> session;
-    std::shared_ptr<std::atomic<bool>> done;
+  // KV sends whose receiver ack is pending. Shared with the sends' completion
+  // callbacks, which may outlive the engine: after the engine is gone they
+  // no longer touch its metrics.
+  struct SendTracker {
+    absl::Mutex mu;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+    PrefillMetrics* metrics ABSL_GUARDED_BY(mu) = nullptr;  // null once the engine is gone
+    // Finished sessions awaiting their ack, by key; keys of acknowledged ones.
+    std::unordered_map<uint64_t, std::unique_ptr<kvtransfer::SendSession>> sessions
+        ABSL_GUARDED_BY(mu);
+    std::vector<uint64_t> done_keys ABSL_GUARDED_BY(mu);
+    uint64_t next_key ABSL_GUARDED_BY(mu) = 0;
   };
 
   void Loop();
-  void RunBatch(std::vector<Job>& batch);
-  void ReapSendsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `step` on the runner, staging each layer of the prompts it finishes
+  // into their KV sessions; returns the step's result.
+  absl::StatusOr<engine::StepOutput> RunStep(engine::ScheduledStep& step,
+                                             const std::vector<Job*>& jobs,
+                                             std::vector<absl::Status>& send_status,
+                                             std::vector<size_t>& sent_bytes,
+                                             absl::Time& first_layer_sent);
+  // Hands a finished prompt's first token out and its session to the tracker.
+  void FinishJob(Job& job, engine::SampledToken first, size_t sent_bytes, absl::Time transfer_start,
+                 absl::Time compute_end, double compute_seconds);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrefillEngineOptions options_;
   engine::ModelRunner* const runner_;
   PrefillMetrics* const metrics_;
+  const std::shared_ptr<SendTracker> sends_;
 
   mutable absl::Mutex mu_;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  // Requests not yet answered, by sequence id; nodes stay put while a step
+  // runs (only the engine thread erases a job that is in a step).
+  std::unordered_map<engine::SeqId, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t running_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int running_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  engine::BlockManager blocks_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  std::vector<Sending> sending_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // work arrived since the last plan
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: runs Loop() over everything above
 };

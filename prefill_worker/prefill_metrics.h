@@ -15,10 +15,14 @@ struct PrefillMetrics {
   prometheus::Gauge& queued_tokens;       // their prompt tokens
   prometheus::Histogram& batch_tokens;
   prometheus::Histogram& step_seconds;
+  prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Counter& requests;
   prometheus::Counter& prompt_tokens;
   prometheus::Gauge& achieved_flops;      // FLOP/s of the last batch
-  prometheus::Gauge& mfu;                 // achieved / --peak_flops (0 if unset)
+  prometheus::Gauge& mfu;                 // achieved / peak_flops
+  prometheus::Gauge& peak_flops;          // the peak MFU is relative to; 0: unknown
+  // Prompt queued at this worker to its first token sampled (queue + compute).
+  prometheus::Histogram& time_to_first_token;
   prometheus::Gauge& kv_cache_usage;      // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& kv_transfer_seconds;          // first layer queued -> receiver ack
   prometheus::Histogram& kv_transfer_exposed_seconds;  // compute end -> receiver ack

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 
@@ -36,7 +36,9 @@ ABSL_FLAG(int, timeout_ms, 60000, "Deadline of the call");
 ABSL_FLAG(bool, print_ids, false, "Print token ids instead of text");
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv, "Streams one generation from a pdserve router and prints it with its latencies",
+      __FILE__);
   pdserve::v1::GenerateRequest request;
   if (!absl::GetFlag(FLAGS_token_ids).empty()) {
     for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_token_ids), ',')) {

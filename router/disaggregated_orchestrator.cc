@@ -54,7 +54,6 @@ class DisaggregatedGeneration final : public frontend::Generation {
     Cancel();
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &DisaggregatedGeneration::CallsDoneLocked));
-    if (decode_ != nullptr) orchestrator_->registry().AddOutstanding(decode_->worker().id, -1, 0);
   }
 
   // Placement: reserve on a decode worker, dispatch the prefill.
@@ -120,6 +119,7 @@ class DisaggregatedGeneration final : public frontend::Generation {
   // The accepted decode call, or the attempt in flight during Place. Set and
   // reset only by Place (before any other thread sees the generation).
   std::unique_ptr<DecodeCall> decode_;
+  OutstandingWork decode_work_;  // released with the generation
   bool decode_done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status decode_status_ ABSL_GUARDED_BY(mu_);
   bool reserved_ ABSL_GUARDED_BY(mu_) = false;
@@ -132,6 +132,7 @@ class DisaggregatedGeneration final : public frontend::Generation {
   internal::v1::PrefillResult prefill_result_;
   bool prefill_sent_ = false;
   WorkerDesc prefill_worker_;
+  OutstandingWork prefill_work_ ABSL_GUARDED_BY(mu_);  // released when the call ends
   absl::Time dispatch_;
   bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
 
@@ -190,6 +191,7 @@ void DisaggregatedGeneration::OnDecodeDone(const grpc::Status& status) {
   decode_status_ = status;
   if (!reserved_ || decode_finished_) return;  // a refusal (Place reads it), or the end
   const std::string& id = decode_->worker().id;
+  if (!cancelled_) orchestrator_->metrics().CountWorkerFailure("decode");
   if (status.ok()) {
     FailLocked(absl::InternalError(
         absl::StrCat("decode on ", id, " failed: the stream ended without finishing")));
@@ -200,12 +202,12 @@ void DisaggregatedGeneration::OnDecodeDone(const grpc::Status& status) {
 }
 
 void DisaggregatedGeneration::OnPrefillDone(const grpc::Status& status) {
-  const int prompt_len = static_cast<int>(job_.prompt.size());
-  orchestrator_->registry().AddOutstanding(prefill_worker_.id, -1, -prompt_len);
   absl::MutexLock lock(&mu_);
   prefill_done_ = true;
+  prefill_work_.Release();
   if (!status.ok()) {
     if (!cancelled_) {
+      orchestrator_->metrics().CountWorkerFailure("prefill");
       PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": prefill on " << prefill_worker_.id
                            << " failed: " << status.error_message();
     }
@@ -245,9 +247,10 @@ absl::Status DisaggregatedGeneration::Place() {
     std::optional<size_t> pick =
         orchestrator_->policy()->PickDecode(pool, prompt_len + job_.sampling.max_tokens);
     if (!pick) break;
+    if (!tried.empty()) orchestrator_->metrics().CountRetry("decode");
     const WorkerDesc worker = pool[*pick].desc;
     tried.insert(worker.id);
-    registry.AddOutstanding(worker.id, 1, 0);
+    decode_work_ = registry.StartWork(worker.id, 0);
     {
       absl::MutexLock lock(&mu_);
       decode_done_ = false;
@@ -262,7 +265,7 @@ absl::Status DisaggregatedGeneration::Place() {
       if (reserved_) break;
       refusal = decode_status_;
     }
-    registry.AddOutstanding(worker.id, -1, 0);
+    decode_work_.Release();
     decode_.reset();  // done: OnDone ran
     if (refusal.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return frontend::WithRejectReason(FromGrpcStatus(refusal), "invalid_argument");
@@ -310,7 +313,10 @@ absl::Status DisaggregatedGeneration::Place() {
     prefill_context_.set_deadline(absl::ToChronoTime(job_.deadline));
   }
   dispatch_ = absl::Now();
-  registry.AddOutstanding(prefill_worker_.id, 1, prompt_len);
+  {
+    absl::MutexLock lock(&mu_);
+    prefill_work_ = registry.StartWork(prefill_worker_.id, prompt_len);
+  }
   prefill_sent_ = true;
   orchestrator_->PrefillStub(prefill_worker_.address)
       .async()
@@ -322,8 +328,9 @@ absl::Status DisaggregatedGeneration::Place() {
 }  // namespace
 
 DisaggregatedOrchestrator::DisaggregatedOrchestrator(WorkerRegistry* registry,
-                                                     const RoutingPolicy* policy)
-    : registry_(registry), policy_(policy) {}
+                                                     const RoutingPolicy* policy,
+                                                     RouterMetrics* metrics)
+    : registry_(registry), policy_(policy), metrics_(metrics) {}
 
 internal::v1::PrefillWorker::Stub& DisaggregatedOrchestrator::PrefillStub(
     const std::string& address) {

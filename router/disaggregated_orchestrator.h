@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "frontend/orchestrator.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
+#include "router/router_metrics.h"
 #include "router/routing_policy.h"
 #include "router/worker_registry.h"
 
@@ -34,9 +35,10 @@ namespace pdserve::router {
 
 class DisaggregatedOrchestrator final : public frontend::Orchestrator {
  public:
-  // `registry` and `policy` must outlive the orchestrator and every
-  // generation it started.
-  DisaggregatedOrchestrator(WorkerRegistry* registry, const RoutingPolicy* policy);
+  // `registry`, `policy` and `metrics` must outlive the orchestrator and
+  // every generation it started.
+  DisaggregatedOrchestrator(WorkerRegistry* registry, const RoutingPolicy* policy,
+                            RouterMetrics* metrics);
 
   // Refusals: UNAVAILABLE with reason no_decode_worker or no_prefill_worker
   // when a pool is empty; the decode workers' own status (RESOURCE_EXHAUSTED
@@ -48,10 +50,12 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   internal::v1::DecodeWorker::Stub& DecodeStub(const std::string& address);
   WorkerRegistry& registry() { return *registry_; }
   const RoutingPolicy* policy() const { return policy_; }
+  RouterMetrics& metrics() { return *metrics_; }
 
  private:
   WorkerRegistry* const registry_;
   const RoutingPolicy* const policy_;
+  RouterMetrics* const metrics_;
 
   absl::Mutex stubs_mu_;
   // Never erased: calls in flight refer to them.

@@ -11,12 +11,13 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "common/process_metrics.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"
@@ -33,7 +34,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and me
 ABSL_FLAG(int, port, 0, "gRPC port for clients and worker registration (0: any free port)");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
 ABSL_FLAG(std::string, model_name, "",
-          "Model name of the OpenAI API (empty: the last component of --model_dir)");
+          "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
+          "component of --model_dir)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
           "context length)");
@@ -72,6 +74,7 @@ int Main() {
   auto registry = std::make_shared<prometheus::Registry>();
   frontend::ClientMetrics client_metrics(*registry);
   router::RouterMetrics metrics(*registry);
+  RegisterBuildInfo(*registry, "none", ModelNameOf(model_dir));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics_server.ok()) {
     PDSERVE_LOG(ERROR) << metrics_server.status();
@@ -81,7 +84,7 @@ int Main() {
   router::WorkerRegistry workers(absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
   router::RegistryService registry_service(
       &workers, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
-  router::DisaggregatedOrchestrator orchestrator(&workers, policy->get());
+  router::DisaggregatedOrchestrator orchestrator(&workers, policy->get(), &metrics);
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{
@@ -120,8 +123,9 @@ int Main() {
   const int http_port = *http_server ? (*http_server)->port() : -1;
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
                 {{"http_port", absl::StrCat(http_port)}});
-  PDSERVE_LOG(INFO) << "router serving on " << address << ", HTTP on port " << http_port
-                    << ", metrics on port " << (*metrics_server)->port();
+  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
+                    << ", HTTP on port " << http_port << ", metrics on port "
+                    << (*metrics_server)->port();
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
@@ -142,6 +146,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(argc, argv,
+                      "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the worker "
+                      "registry and the orchestration of the workers of a pdserve cluster",
+                      __FILE__);
   return pdserve::Main();
 }

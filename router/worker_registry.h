@@ -21,10 +21,10 @@ enum class Role { kPrefill, kDecode };
 struct WorkerDesc {
   std::string id;
   Role role = Role::kPrefill;
-  std::string address;       // gRPC host:port
-  std::string kv_endpoint;   // decode only
+  std::string address;      // gRPC host:port
+  std::string kv_endpoint;  // decode only
   uint64_t model_fingerprint = 0;
-  int kv_block_size = 0;     // tokens per KV block
+  int kv_block_size = 0;  // tokens per KV block
   std::string metrics_address;
 };
 
@@ -45,6 +45,30 @@ struct WorkerView {
   int64_t outstanding_tokens = 0;  // prompt tokens of outstanding prefills
 };
 
+class WorkerRegistry;
+
+// Work this router sent to a worker, counted in the worker's outstanding
+// requests and prompt tokens until the handle is released or destroyed. The
+// count is tied to the worker's incarnation: a worker that was dropped and
+// registered again starts from zero, and work sent to its earlier
+// incarnation does not drive the new count below zero. Movable; the registry
+// must outlive it.
+class OutstandingWork {
+ public:
+  OutstandingWork() = default;
+  OutstandingWork(OutstandingWork&& other) noexcept { *this = std::move(other); }
+  OutstandingWork& operator=(OutstandingWork&& other) noexcept;
+  ~OutstandingWork() { Release(); }
+  void Release();
+
+ private:
+  friend class WorkerRegistry;
+  WorkerRegistry* registry_ = nullptr;
+  std::string id_;
+  uint64_t incarnation_ = 0;
+  int64_t tokens_ = 0;
+};
+
 class WorkerRegistry {
  public:
   // A worker silent for longer than `ttl` is dropped.
@@ -62,8 +86,9 @@ class WorkerRegistry {
   // Live workers of `role`, draining ones included.
   int CountLive(Role role, absl::Time now);
 
-  // Router-side accounting between heartbeats.
-  void AddOutstanding(const std::string& id, int requests, int64_t tokens);
+  // Router-side accounting between heartbeats: one request of
+  // `prompt_tokens` sent to worker `id` (an empty handle if it is unknown).
+  OutstandingWork StartWork(const std::string& id, int64_t prompt_tokens);
 
  private:
   struct Entry {
@@ -72,12 +97,16 @@ class WorkerRegistry {
     absl::Time last_seen;
     int outstanding_requests = 0;
     int64_t outstanding_tokens = 0;
+    uint64_t incarnation = 0;  // distinct for every (re-)registration after a drop
   };
+  friend class OutstandingWork;
+  void FinishWork(const std::string& id, uint64_t incarnation, int64_t tokens);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration ttl_;
   absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // ordered: deterministic ties
+  uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace pdserve::router

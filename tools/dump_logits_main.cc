@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cli.h"
 #include "engine/runtime/generator.h"
 #include "engine/runner_factory.h"
 #include "nlohmann/json.hpp"
@@ -68,7 +68,7 @@ int Main() {
 
   std::vector<float> logits;
   const PrefillSequence whole{prompt, table};
-  if (absl::Status s = r.Prefill({&whole, 1}, nullptr, logits); !s.ok()) return Fail(s);
+  if (absl::Status s = PrefillForLogits(r, {&whole, 1}, nullptr, logits); !s.ok()) return Fail(s);
   out["prefill_logits"] = logits;
 
   SamplingParams params;
@@ -84,11 +84,11 @@ int Main() {
   out["sequence"] = sequence;
   nlohmann::json steps = nlohmann::json::array();
   const PrefillSequence first{std::span<const int32_t>(sequence).first(1), table};
-  if (absl::Status s = r.Prefill({&first, 1}, nullptr, logits); !s.ok()) return Fail(s);
+  if (absl::Status s = PrefillForLogits(r, {&first, 1}, nullptr, logits); !s.ok()) return Fail(s);
   steps.push_back(logits);
   for (size_t i = 1; i < sequence.size(); ++i) {
     const DecodeSequence d{sequence[i], static_cast<int32_t>(i), table};
-    if (absl::Status s = r.Decode({&d, 1}, logits); !s.ok()) return Fail(s);
+    if (absl::Status s = DecodeForLogits(r, {&d, 1}, logits); !s.ok()) return Fail(s);
     steps.push_back(logits);
   }
   out["step_logits"] = std::move(steps);
@@ -100,6 +100,8 @@ int Main() {
 }  // namespace pdserve::engine
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv, "Prints prefill and decode logits and a greedy continuation of a model as JSON",
+      __FILE__);
   return pdserve::engine::Main();
 }

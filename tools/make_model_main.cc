@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cli.h"
 #include "tools/model_writer.h"
 #include "tools/tokenizer_writer.h"
 
@@ -56,7 +56,8 @@ ABSL_FLAG(std::string, tokenizer, "byte",
           "--generation_eos says otherwise");
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv, "Writes a random-weight model directory in the Hugging Face layout", __FILE__);
   const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
   if (out_dir.empty()) {
     std::cerr << "pdserve_make_model: --out_dir is required\n";

@@ -17,15 +17,17 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "bench/loadgen/client.h"
+#include "bench/loadgen/histogram_check.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
+#include "common/cli.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Generation server (router or pdserve_colocated), host:port");
-ABSL_FLAG(std::string, arrival, "poisson", "Arrival process: poisson, fixed (constant rate) or burst (all at once)");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "Generation server (router or pdserve_colocated), host:port");
+ABSL_FLAG(std::string, arrival, "poisson",
+          "Arrival process: poisson, fixed (constant rate) or burst (all at once)");
 ABSL_FLAG(double, rate, 1.0, "Requests per second (poisson, fixed)");
 ABSL_FLAG(double, duration_s, 60, "Requests are sent during this many seconds");
 ABSL_FLAG(int, max_requests, 0, "Send at most this many requests (0: no cap; burst needs it)");
@@ -33,17 +35,27 @@ ABSL_FLAG(double, warmup_s, 5, "Requests planned in the first seconds are sent b
 ABSL_FLAG(int, concurrency, 64, "Calls in flight at most; a request waits for a free slot");
 ABSL_FLAG(std::string, prompt_len, "fixed:128",
           "Prompt tokens: fixed:N, uniform:LO:HI or normal:MEAN:STD[:LO:HI] (clamped)");
-ABSL_FLAG(std::string, output_len, "fixed:64", "Output tokens (max_tokens, ignore_eos): as --prompt_len");
+ABSL_FLAG(std::string, output_len, "fixed:64",
+          "Output tokens (max_tokens, ignore_eos): as --prompt_len");
 ABSL_FLAG(int, vocab_size, 256, "Prompt token ids are drawn from [1, vocab_size)");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy)");
-ABSL_FLAG(uint64_t, seed, 1, "Seed of the workload (arrivals, lengths, token ids) and of each request's sampling");
+ABSL_FLAG(uint64_t, seed, 1,
+          "Seed of the workload (arrivals, lengths, token ids) and of each request's sampling");
 ABSL_FLAG(double, slo_ttft_s, 1.0, "Goodput: a request's TTFT must be within this");
-ABSL_FLAG(double, slo_itl_s, 0.1, "Goodput: a request's mean inter-token latency (TPOT) must be within this");
+ABSL_FLAG(double, slo_itl_s, 0.1,
+          "Goodput: a request's mean inter-token latency (TPOT) must be within this");
 ABSL_FLAG(double, request_timeout_s, 300, "Deadline of each call");
 ABSL_FLAG(std::string, label, "", "Name of the run in the table and the JSON");
-ABSL_FLAG(std::string, json_out, "", "Write the JSON report here (default: stdout after the table)");
+ABSL_FLAG(std::string, json_out, "",
+          "Write the JSON report here (default: stdout after the table)");
 ABSL_FLAG(bool, progress, true, "Print progress to stderr every 5 s");
-ABSL_FLAG(std::string, markdown_out, "", "Append one Markdown table row (header first if the file is new) here");
+ABSL_FLAG(std::string, markdown_out, "",
+          "Append one Markdown table row (header first if the file is new) here");
+ABSL_FLAG(std::string, metrics_target, "",
+          "host:port of the server's /metrics: compare its TTFT and ITL histograms over the run "
+          "with the measured percentiles (warm-up included)");
+ABSL_FLAG(std::string, histogram_markdown_out, "",
+          "With --metrics_target: append the comparison as one Markdown table row here");
 
 namespace pdserve::loadgen {
 namespace {
@@ -92,12 +104,45 @@ int Main() {
             << ArrivalName(workload.arrival) << ", " << workload.rate << " req/s, concurrency "
             << run.concurrency << ")\n";
   const std::string started = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
+  const std::string metrics_target = absl::GetFlag(FLAGS_metrics_target);
+  std::string metrics_before;
+  if (!metrics_target.empty()) {
+    absl::StatusOr<std::string> scraped = Scrape(metrics_target);
+    if (!scraped.ok()) {
+      std::cerr << scraped.status().message() << "\n";
+      return 2;
+    }
+    metrics_before = *std::move(scraped);
+  }
   std::vector<RequestRecord> records = RunLoad(*plan, run);
   const Summary summary = Summarize(records, slo);
+  std::vector<HistogramCheck> histogram_checks;
+  if (!metrics_target.empty()) {
+    absl::StatusOr<std::string> after = Scrape(metrics_target);
+    if (!after.ok()) {
+      std::cerr << after.status().message() << "\n";
+      return 1;
+    }
+    std::vector<double> ttft, itl;
+    for (const RequestRecord& r : records) {
+      if (!r.ok()) continue;
+      ttft.push_back(r.ttft_s);
+      itl.insert(itl.end(), r.token_gaps_s.begin(), r.token_gaps_s.end());
+    }
+    for (const auto& [metric, values] : {std::pair{"pdserve_time_to_first_token_seconds", &ttft},
+                                         std::pair{"pdserve_inter_token_latency_seconds", &itl}}) {
+      histogram_checks.push_back(CheckHistogram(
+          metric, Subtract(ParseHistogram(*after, metric), ParseHistogram(metrics_before, metric)),
+          *values));
+    }
+  }
 
-  const std::string label = absl::GetFlag(FLAGS_label).empty() ? run.target : absl::GetFlag(FLAGS_label);
+  const std::string label =
+      absl::GetFlag(FLAGS_label).empty() ? run.target : absl::GetFlag(FLAGS_label);
   std::cout << ToTable(summary, label);
+  if (!histogram_checks.empty()) std::cout << ToTable(histogram_checks);
   nlohmann::json report = ToJson(summary);
+  if (!histogram_checks.empty()) report["histogram_check"] = ToJson(histogram_checks);
   report["label"] = label;
   report["started_utc"] = started;
   report["config"] = {{"target", run.target},
@@ -114,8 +159,9 @@ int Main() {
   // The first few failures, to say why.
   nlohmann::json errors = nlohmann::json::array();
   for (const RequestRecord& r : records) {
-    if (!r.ok() && errors.size() < 5) errors.push_back({{"index", r.index}, {"code", StatusCodeName(r.status_code)},
-                                                        {"message", r.error}});
+    if (!r.ok() && errors.size() < 5)
+      errors.push_back(
+          {{"index", r.index}, {"code", StatusCodeName(r.status_code)}, {"message", r.error}});
   }
   report["sample_errors"] = errors;
   if (const std::string md = absl::GetFlag(FLAGS_markdown_out); !md.empty()) {
@@ -123,6 +169,13 @@ int Main() {
     std::ofstream out(md, std::ios::app);
     if (fresh) out << MarkdownHeader();
     out << MarkdownRow(summary, label);
+  }
+  if (const std::string md = absl::GetFlag(FLAGS_histogram_markdown_out);
+      !md.empty() && !histogram_checks.empty()) {
+    const bool fresh = !std::ifstream(md).good();
+    std::ofstream out(md, std::ios::app);
+    if (fresh) out << HistogramMarkdownHeader();
+    out << HistogramMarkdownRow(histogram_checks, label);
   }
   const std::string path = absl::GetFlag(FLAGS_json_out);
   if (path.empty()) {
@@ -142,7 +195,6 @@ int Main() {
 }  // namespace pdserve::loadgen
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Load generator for pdserve.v1.Generation servers");
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(argc, argv, "Load generator for pdserve.v1.Generation servers", __FILE__);
   return pdserve::loadgen::Main();
 }

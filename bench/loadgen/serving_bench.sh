@@ -5,8 +5,10 @@
 #   - pdserve_colocated --threads=1 (one core: same threads per process);
 #   - pdserve_colocated --threads=2 (two cores: same cores in all), with the
 #     default OpenMP wait policy (spinning) and with OMP_WAIT_POLICY=passive.
-# Writes $OUT/results.md (one Markdown row per run), $OUT/*.json (full
-# reports) and $OUT/machine.txt. Every process it starts is ended by pid.
+# Writes $OUT/results.md (one Markdown row per run), $OUT/histograms.md (the
+# server's TTFT and ITL histogram quantiles against the measured percentiles,
+# one row per run), $OUT/*.json (full reports) and $OUT/machine.txt. Every
+# process it starts is ended by pid.
 #
 # Setups alternate within each repeat, so on a shared machine they see the
 # same background load; machine.txt records the load average before each run.
@@ -51,9 +53,10 @@ model="$out/model"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } > "$out/machine.txt"
 
-run_load() {  # target label json rate
+run_load() {  # target label json rate metrics_port
   echo "load average before '$2': $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
   "$loadgen" --target="$1" --label="$2" --json_out="$3" --markdown_out="$out/results.md" \
+    --metrics_target="127.0.0.1:$5" --histogram_markdown_out="$out/histograms.md" \
     --arrival=poisson --rate="$4" --duration_s="$duration" --warmup_s=5 --concurrency=64 \
     --prompt_len="$prompt_len" --output_len="$output_len" --seed=1 \
     --slo_ttft_s=1.0 --slo_itl_s=0.025 --request_timeout_s=120 --progress=false
@@ -71,7 +74,8 @@ run_disagg() {  # rate repeat
   info=$("$root/deploy/local/cluster.sh" start --model "$model" --prefill 1 --decode 1 --threads 1 \
            --work "$out/cluster" --bin "$bin")
   router=$(echo "$info" | sed -n 's/.*router=\([^ ]*\).*/\1/p')
-  run_load "$router" "disaggregated 1P+1D (1 thread each), $1 req/s, run $2" "$out/disagg-rate$1-run$2.json" "$1"
+  run_load "$router" "disaggregated 1P+1D (1 thread each), $1 req/s, run $2" "$out/disagg-rate$1-run$2.json" "$1" \
+    "$(sed -n 's/.*"metrics_port":"\([^"]*\)".*/\1/p' "$out/cluster/router.ready")"
   "$root/deploy/local/cluster.sh" stop "$out/cluster"
 }
 
@@ -85,7 +89,8 @@ run_colocated() {  # threads rate repeat [wait_policy]
   for _ in $(seq 1 300); do [ -s "$ready" ] && break; sleep 0.1; done
   [ -s "$ready" ] || { cat "$out/$name.log" >&2; exit 1; }
   target=$(sed -n 's/.*"grpc_address":"\([^"]*\)".*/\1/p' "$ready")
-  run_load "$target" "$label, $2 req/s, run $3" "$out/$name-rate$2-run$3.json" "$2"
+  run_load "$target" "$label, $2 req/s, run $3" "$out/$name-rate$2-run$3.json" "$2" \
+    "$(sed -n 's/.*"metrics_port":"\([^"]*\)".*/\1/p' "$ready")"
   kill -TERM "$colocated_pid"
   wait "$colocated_pid" || true  # it drains (no streams left) and exits
   colocated_pid=""
@@ -106,4 +111,5 @@ for rate in $rates; do
 done
 cat "$out/machine.txt"
 cat "$out/results.md"
+cat "$out/histograms.md"
 echo "results in $out"

@@ -49,4 +49,6 @@ USER 10001
 VOLUME ["/models"]
 # gRPC, metrics, KV transfer (decode) as deploy/k8s uses them.
 EXPOSE 50051 9400 50061
-CMD ["/usr/local/bin/pdserve_router", "--helpshort"]
+# Without arguments: the router's flags (exit 0). Deployments name the
+# binary and its flags (deploy/k8s).
+CMD ["/usr/local/bin/pdserve_router", "--help"]

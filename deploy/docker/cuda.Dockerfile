@@ -66,9 +66,12 @@ RUN cuda=$(echo "$CUDA_VERSION" | tr . -) \
  && rm -rf /var/lib/apt/lists/* \
  && { [ -e /usr/local/cuda ] || ln -s "cuda-$CUDA_VERSION" /usr/local/cuda; }
 ENV LD_LIBRARY_PATH=/usr/local/cuda/lib64
-# What the NVIDIA container runtime reads: every GPU the pod is given, and
-# the compute libraries of the driver.
-ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# What the NVIDIA container runtime reads: the compute libraries of the
+# driver, and no GPU unless one is given: Kubernetes' device plugin sets
+# NVIDIA_VISIBLE_DEVICES to the GPUs a pod requested, `docker run --gpus`
+# sets it too. A default of "all" would hand every GPU of the node to any
+# container of this image that requested none.
+ENV NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility
 COPY --from=build /opt/pdserve/bin/ /usr/local/bin/
 # Fails the build if a shared library is missing (the driver's libcuda is
 # mounted at run time).
@@ -79,4 +82,6 @@ USER 10001
 VOLUME ["/models"]
 # gRPC, metrics, KV transfer (decode) as deploy/k8s uses them.
 EXPOSE 50051 9400 50061
-CMD ["/usr/local/bin/pdserve_router", "--helpshort"]
+# Without arguments: the router's flags (exit 0). Deployments name the
+# binary and its flags (deploy/k8s).
+CMD ["/usr/local/bin/pdserve_router", "--help"]

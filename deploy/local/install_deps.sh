@@ -19,6 +19,8 @@ PACKAGES=(
   $(command -v node >/dev/null || echo nodejs) $(command -v npm >/dev/null || echo npm)
   # Tokenizers: PCRE2 (split regexes) and ICU (NFC normalization).
   libpcre2-dev libicu-dev
+  # GPU emulation (gpu_emulation/): each emulated GPU thread is a fiber.
+  libboost-context-dev
 )
 
 missing=()

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -149,6 +150,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     return absl::ResourceExhaustedError(
         absl::StrCat("CpuModelRunner: cannot allocate a KV cache of ", slots, " token slots"));
   }
+  r->RegisterKvRegions();
+  CpuModelRunner* raw = r.get();
+  r->thread_ = std::thread([raw] { raw->Loop(); });
   return r;
 }
 
@@ -270,171 +274,253 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
   MatMul(scratch_.xn.data(), head, logits.data(), b, vocab, h);
 }
 
-// ---- Prefill and Decode ----
+// ---- steps ----
 
-absl::Status CpuModelRunner::Prefill(std::span<const PrefillSequence> seqs,
-                                     const LayerDoneFn& on_layer_done, std::vector<float>& logits) {
-  logits.clear();
-  if (seqs.empty()) return absl::OkStatus();
-  // Rows of the batch: every prompt token, sequences back to back.
+// Shared by the runner thread (which completes it) and the caller (which
+// waits on it).
+class CpuModelRunner::Handle final : public StepHandle {
+ public:
+  explicit Handle(int num_layers) : num_layers_(num_layers) {}
+
+  // Blocks until the step is done, without taking its result.
+  void WaitDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
+  }
+
+  absl::Status WaitLayer(int layer) override {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this, layer]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return layers_done_ > layer || result_.has_value();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (layers_done_ > layer) return absl::OkStatus();
+    if (!result_->ok()) return result_->status();
+    return absl::InvalidArgumentError(
+        absl::StrCat("WaitLayer: layer ", layer, " outside [0, ", num_layers_, ")"));
+  }
+
+  absl::StatusOr<StepOutput> Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
+    if (taken_) return absl::FailedPreconditionError("StepHandle::Wait called twice");
+    taken_ = true;
+    return std::move(*result_);
+  }
+
+  void LayerDone(int layer) {
+    absl::MutexLock lock(&mu_);
+    layers_done_ = layer + 1;
+  }
+  void Complete(absl::StatusOr<StepOutput> result) {
+    absl::MutexLock lock(&mu_);
+    result_ = std::move(result);
+  }
+
+ private:
+  bool DoneLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return result_.has_value(); }
+
+  const int num_layers_;
+  absl::Mutex mu_;
+  int layers_done_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::StatusOr<StepOutput>> result_ ABSL_GUARDED_BY(mu_);
+  bool taken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+CpuModelRunner::~CpuModelRunner() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CpuModelRunner::Loop() {
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !jobs_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (jobs_.empty()) return;  // stop_ and nothing left to run
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job.handle->Complete(Forward(job.batch, *job.handle));
+  }
+}
+
+absl::Status CpuModelRunner::Validate(const StepBatch& batch) const {
+  if (batch.seqs.size() > (size_t{1} << 20))
+    return absl::InvalidArgumentError("step batch too large");
   int64_t total = 0;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const PrefillSequence& seq = seqs[s];
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const StepSequence& seq = batch.seqs[s];
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
-    if (n == 0)
-      return absl::InvalidArgumentError(absl::StrCat("prefill sequence ", s, ": empty prompt"));
-    if (n > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("prefill sequence ", s, ": ", n,
-                                                     " tokens exceed max_position_embeddings ",
-                                                     config_.max_position_embeddings));
+    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": no tokens"));
+    if (seq.num_cached < 0 || seq.num_cached + n > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step sequence ", s, ": positions ", seq.num_cached, "..", seq.num_cached + n - 1,
+          " outside [0, max_position_embeddings ", config_.max_position_embeddings, ")"));
     }
     for (int32_t t : seq.tokens) {
       if (t < 0 || t >= config_.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "prefill sequence ", s, ": token ", t, " out of range [0, ", config_.vocab_size, ")"));
+            "step sequence ", s, ": token ", t, " out of range [0, ", config_.vocab_size, ")"));
       }
     }
-    if (absl::Status st =
-            CheckBlockTable(seq.block_table, static_cast<int>(n), "prefill sequence", s);
+    if (absl::Status st = CheckBlockTable(seq.block_table, static_cast<int>(seq.num_cached + n),
+                                          "step sequence", s);
         !st.ok()) {
       return st;
+    }
+    if (seq.sampling != nullptr) {
+      if (absl::Status st = ValidateSamplingParams(*seq.sampling, config_.vocab_size); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": ", st.message()));
+      }
     }
     total += n;
   }
   if (total > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill batch of ", total, " tokens is too large"));
+    return absl::InvalidArgumentError(absl::StrCat("step of ", total, " tokens is too large"));
   }
-  const int m = static_cast<int>(total);
-  std::vector<int32_t> tokens, positions, row_seq, seq_start;
-  tokens.reserve(m);
-  positions.reserve(m);
-  row_seq.reserve(m);
-  std::vector<int> last_rows;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    seq_start.push_back(static_cast<int32_t>(tokens.size()));
-    for (size_t i = 0; i < seqs[s].tokens.size(); ++i) {
-      tokens.push_back(seqs[s].tokens[i]);
-      positions.push_back(static_cast<int32_t>(i));
-      row_seq.push_back(static_cast<int32_t>(s));
-    }
-    last_rows.push_back(static_cast<int>(tokens.size()) - 1);
-  }
+  return absl::OkStatus();
+}
 
-  ResizeScratch(m);
-  Embed(tokens);
+absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch batch) {
+  if (absl::Status s = Validate(batch); !s.ok()) return s;
+  auto handle = std::make_shared<Handle>(config_.num_layers);
+  if (batch.seqs.empty()) {
+    handle->Complete(StepOutput{});
+  } else {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError("CpuModelRunner is shutting down");
+    jobs_.push_back(Job{std::move(batch), handle});
+  }
+  // The caller's handle shares the state the runner thread completes. Its
+  // destructor waits: the batch's spans must outlive the step.
+  class Shared final : public StepHandle {
+   public:
+    explicit Shared(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
+    ~Shared() override { h_->WaitDone(); }
+    absl::Status WaitLayer(int layer) override { return h_->WaitLayer(layer); }
+    absl::StatusOr<StepOutput> Wait() override { return h_->Wait(); }
+
+   private:
+    std::shared_ptr<Handle> h_;
+  };
+  return std::unique_ptr<StepHandle>(std::make_unique<Shared>(std::move(handle)));
+}
+
+void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
+                               std::span<const int32_t> row_seq,
+                               std::span<const int32_t> positions) {
   const int hd = config_.head_dim, heads = config_.num_heads, group = heads / config_.num_kv_heads;
   const int q = config_.q_size(), kv = config_.kv_size(), stride = q + 2 * kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* k_cache = k_cache_[layer].data();
+  const float* v_cache = v_cache_[layer].data();
   int max_len = 0;
-  for (const auto& seq : seqs) max_len = std::max(max_len, static_cast<int>(seq.tokens.size()));
+  for (int r = 0; r < m; ++r) max_len = std::max(max_len, positions[r] + 1);
+#pragma omp parallel num_threads(num_threads_) if (int64_t{m} * heads * max_len * hd > (1 << 16))
+  {
+    std::vector<float> scores(static_cast<size_t>(max_len));
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
+      const int r = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
+      const std::span<const int32_t> table = batch.seqs[row_seq[r]].block_table;
+      // Keys first..positions[r], read block by block through the table.
+      const int first = FirstVisible(positions[r]), last = positions[r];
+      const int64_t kv_col = int64_t{head / group} * hd;
+      const float* qv = &scratch_.qkv[int64_t{r} * stride + int64_t{head} * hd];
+      for (int t = first; t <= last;) {
+        const int in_block = block_size_ - t % block_size_;
+        const int count = std::min(in_block, last + 1 - t);
+        const float* k = k_cache + SlotOffset(table, t) + kv_col;
+        for (int j = 0; j < count; ++j) {
+          scores[t - first + j] = cpu::Dot(qv, k + int64_t{j} * kv, hd) * scale;
+        }
+        t += count;
+      }
+      const int len = last + 1 - first;
+      cpu::Softmax(scores.data(), len);
+      float* out = &scratch_.attn[int64_t{r} * q + int64_t{head} * hd];
+      std::fill(out, out + hd, 0.0f);
+      for (int t = first; t <= last;) {
+        const int in_block = block_size_ - t % block_size_;
+        const int count = std::min(in_block, last + 1 - t);
+        const float* v = v_cache + SlotOffset(table, t) + kv_col;
+        for (int j = 0; j < count; ++j) {
+          cpu::Axpy(scores[t - first + j], v + int64_t{j} * kv, out, hd);
+        }
+        t += count;
+      }
+    }
+  }
+}
 
+absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handle& handle) {
+  // Rows of the step: each sequence's new tokens, sequences back to back.
+  std::vector<int32_t> tokens, positions, row_seq;
+  std::vector<int> sample_rows;  // last row of each sampling sequence
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const StepSequence& seq = batch.seqs[s];
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      tokens.push_back(seq.tokens[i]);
+      positions.push_back(seq.num_cached + static_cast<int32_t>(i));
+      row_seq.push_back(static_cast<int32_t>(s));
+    }
+    if (seq.sampling != nullptr) sample_rows.push_back(static_cast<int>(tokens.size()) - 1);
+  }
+  const int m = static_cast<int>(tokens.size());
+  ResizeScratch(m);
+  Embed(tokens);
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     AttentionInput(layer, m, positions);
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
     for (int r = 0; r < m; ++r) {
-      StoreKv(layer, r, SlotOffset(seqs[row_seq[r]].block_table, positions[r]));
+      StoreKv(layer, r, SlotOffset(batch.seqs[row_seq[r]].block_table, positions[r]));
     }
-    if (on_layer_done) on_layer_done(layer);
-
-#pragma omp parallel num_threads(num_threads_) if (int64_t{m} * heads * max_len * hd > (1 << 16))
-    {
-      // Causal attention of each (row, head) over its own sequence's rows.
-      std::vector<float> scores(static_cast<size_t>(max_len));
-#pragma omp for schedule(dynamic, 8)
-      for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
-        const int r = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
-        // Keys first..positions[r] of the row's own sequence.
-        const int start = seq_start[row_seq[r]], first = FirstVisible(positions[r]);
-        const int len = positions[r] + 1 - first;
-        const float* qv = &scratch_.qkv[int64_t{r} * stride + int64_t{head} * hd];
-        const int64_t k_col = q + int64_t{head / group} * hd, v_col = k_col + kv;
-        const float* k0 = &scratch_.qkv[int64_t{start + first} * stride + k_col];
-        const float* v0 = &scratch_.qkv[int64_t{start + first} * stride + v_col];
-        for (int j = 0; j < len; ++j) {
-          scores[j] = cpu::Dot(qv, k0 + int64_t{j} * stride, hd) * scale;
-        }
-        cpu::Softmax(scores.data(), len);
-        float* out = &scratch_.attn[int64_t{r} * q + int64_t{head} * hd];
-        std::fill(out, out + hd, 0.0f);
-        for (int j = 0; j < len; ++j) cpu::Axpy(scores[j], v0 + int64_t{j} * stride, out, hd);
-      }
-    }
+    handle.LayerDone(layer);
+    Attention(layer, batch, m, row_seq, positions);
     AttentionOutputAndMlp(layer, m);
   }
-  LmHead(last_rows, logits);
-  return absl::OkStatus();
+
+  StepOutput out;
+  out.sampled.resize(batch.seqs.size());
+  if (sample_rows.empty()) return out;
+  LmHead(sample_rows, logits_);
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  std::vector<float> scratch;
+  size_t row = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const StepSequence& seq = batch.seqs[s];
+    if (seq.sampling == nullptr) continue;
+    out.sampled[s] = Sample(std::span<const float>(logits_).subspan(row * vocab, vocab),
+                            *seq.sampling, seq.history, config_.eos_token_ids, scratch);
+    ++row;
+  }
+  if (batch.return_logits) out.logits = logits_;
+  return out;
 }
 
-absl::Status CpuModelRunner::Decode(std::span<const DecodeSequence> seqs,
-                                    std::vector<float>& logits) {
-  logits.clear();
-  if (seqs.empty()) return absl::OkStatus();
-  if (seqs.size() > (size_t{1} << 20)) return absl::InvalidArgumentError("decode batch too large");
-  const int m = static_cast<int>(seqs.size());
-  std::vector<int32_t> tokens(m), positions(m);
-  for (int b = 0; b < m; ++b) {
-    const DecodeSequence& seq = seqs[b];
-    if (seq.token < 0 || seq.token >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("decode sequence ", b, ": token ", seq.token,
-                                                     " out of range [0, ", config_.vocab_size,
-                                                     ")"));
-    }
-    if (seq.position < 0 || seq.position >= config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("decode sequence ", b, ": position ",
-                                                     seq.position, " out of range [0, ",
-                                                     config_.max_position_embeddings, ")"));
-    }
-    if (absl::Status st = CheckBlockTable(seq.block_table, seq.position + 1, "decode sequence", b);
-        !st.ok()) {
-      return st;
-    }
-    tokens[b] = seq.token;
-    positions[b] = seq.position;
-  }
-
-  ResizeScratch(m);
-  Embed(tokens);
-  const int hd = config_.head_dim, heads = config_.num_heads, group = heads / config_.num_kv_heads;
-  const int q = config_.q_size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int max_len = *std::max_element(positions.begin(), positions.end()) + 1;
-
+void CpuModelRunner::RegisterKvRegions() {
+  const int64_t block_floats = int64_t{block_size_} * config_.kv_size();
+  regions_.clear();
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    AttentionInput(layer, m, positions);
-    for (int b = 0; b < m; ++b) StoreKv(layer, b, SlotOffset(seqs[b].block_table, positions[b]));
-    const float* k_cache = k_cache_[layer].data();
-    const float* v_cache = v_cache_[layer].data();
-
-    // Each (sequence, head) attends over cache slots FirstVisible..position.
-#pragma omp parallel num_threads(num_threads_) if (int64_t{m} * heads * max_len * hd > (1 << 16))
-    {
-      std::vector<float> scores(static_cast<size_t>(max_len));
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
-        const int b = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
-        const std::span<const int32_t> table = seqs[b].block_table;
-        const int first = FirstVisible(positions[b]), len = positions[b] + 1 - first;
-        const int64_t kv_col = int64_t{head / group} * hd;
-        const float* qv =
-            &scratch_.qkv[int64_t{b} * (q + 2 * config_.kv_size()) + int64_t{head} * hd];
-        for (int j = 0; j < len; ++j) {
-          scores[j] = cpu::Dot(qv, k_cache + SlotOffset(table, first + j) + kv_col, hd) * scale;
-        }
-        cpu::Softmax(scores.data(), len);
-        float* out = &scratch_.attn[int64_t{b} * q + int64_t{head} * hd];
-        std::fill(out, out + hd, 0.0f);
-        for (int j = 0; j < len; ++j) {
-          cpu::Axpy(scores[j], v_cache + SlotOffset(table, first + j) + kv_col, out, hd);
-        }
-      }
-    }
-    AttentionOutputAndMlp(layer, m);
+    regions_.push_back(
+        KvRegion{.layer = layer,
+                 .memory = MemoryKind::kHost,
+                 .device = 0,
+                 .k_base = reinterpret_cast<std::byte*>(k_cache_[layer].data()),
+                 .v_base = reinterpret_cast<std::byte*>(v_cache_[layer].data()),
+                 .block_stride_bytes = block_floats * static_cast<int64_t>(sizeof(float)),
+                 .num_blocks = num_blocks_,
+                 .block_size = block_size_,
+                 .num_kv_heads = config_.num_kv_heads,
+                 .head_dim = config_.head_dim,
+                 .dtype = KvDtype::kF32});
   }
-  std::vector<int> rows(m);
-  for (int b = 0; b < m; ++b) rows[b] = b;
-  LmHead(rows, logits);
-  return absl::OkStatus();
 }
 
 // ---- KV export / import ----

@@ -23,17 +23,27 @@
 // num_kv_heads, head_dim] fp32 (KvDtype::kF32), as in model_runner.h. With a
 // sliding window every position is still stored (no ring buffer): the window
 // only limits what attention reads, so KV transfer is unchanged.
-// Prefill attention reads the current layer's K/V from the contiguous qkv
-// buffer; decode attention reads them from the cache through block tables.
+// Every step is one forward pass over M rows (each sequence's new tokens, at
+// positions num_cached..): a prompt, a prompt chunk after cached tokens, and
+// decode tokens are the same computation. The new rows' K/V are written to
+// the cache first; attention then reads every key through the block tables.
+//
+// Steps run on the runner's own thread (FIFO), so Enqueue returns at once and
+// the caller can move layer i's KV while layer i+1 computes; the runner thread
+// owns the scratch buffers and drives the OpenMP pool.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "engine/runtime/model_runner.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/model_runner.h"
 
 namespace pdserve::engine {
 
@@ -55,7 +65,10 @@ class CpuModelRunner : public ModelRunner {
                                                                 ModelWeights weights,
                                                                 const CpuRunnerOptions& options);
 
+  ~CpuModelRunner() override;  // finishes the steps already enqueued
+
   const ModelConfig& config() const override { return config_; }
+  std::string_view backend() const override { return "cpu"; }
   uint64_t fingerprint() const override { return fingerprint_; }
   KvDtype kv_dtype() const override { return KvDtype::kF32; }
   int num_kv_blocks() const override { return num_blocks_; }
@@ -63,9 +76,8 @@ class CpuModelRunner : public ModelRunner {
   int num_threads() const { return num_threads_; }
   int64_t DecodeWeightBytes() const override;
 
-  absl::Status Prefill(std::span<const PrefillSequence> seqs, const LayerDoneFn& on_layer_done,
-                       std::vector<float>& logits) override;
-  absl::Status Decode(std::span<const DecodeSequence> seqs, std::vector<float>& logits) override;
+  absl::StatusOr<std::unique_ptr<StepHandle>> Enqueue(StepBatch batch) override;
+  std::span<const KvRegion> kv_regions() const override { return regions_; }
 
   size_t LayerKvBytes(int num_tokens) const override;
   // `out`/`in` must be exactly LayerKvBytes(num_tokens) bytes.
@@ -102,7 +114,24 @@ class CpuModelRunner : public ModelRunner {
     std::vector<float> cos, sin;  // [M, head_dim / 2]
   };
 
+  class Handle;
+  struct Job {
+    StepBatch batch;
+    std::shared_ptr<Handle> handle;
+  };
+
   CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions& options);
+
+  absl::Status Validate(const StepBatch& batch) const;
+  // The runner thread: runs enqueued jobs in order.
+  void Loop();
+  // One forward pass over every new token of the batch, then sampling.
+  // Calls handle.LayerDone(layer) after each layer's K/V is in the cache.
+  absl::StatusOr<StepOutput> Forward(const StepBatch& batch, Handle& handle);
+  // Causal attention of `m` rows over the cache; row r belongs to sequence
+  // row_seq[r] at position positions[r].
+  void Attention(int layer, const StepBatch& batch, int m, std::span<const int32_t> row_seq,
+                 std::span<const int32_t> positions);
 
   // Checks a block table covers `num_tokens` tokens with valid block ids.
   absl::Status CheckBlockTable(std::span<const int32_t> table, int num_tokens, const char* what,
@@ -128,6 +157,8 @@ class CpuModelRunner : public ModelRunner {
   void StoreKv(int layer, int row, int64_t slot_offset);
   void AttentionOutputAndMlp(int layer, int m);
   void LmHead(std::span<const int> rows, std::vector<float>& logits);
+  // Fills regions_ from the cache vectors.
+  void RegisterKvRegions();
 
   const ModelConfig config_;
   uint64_t fingerprint_ = 0;
@@ -142,7 +173,14 @@ class CpuModelRunner : public ModelRunner {
   std::vector<Layer> layers_;
   // K and V storage per layer, num_blocks * block_size * KV floats each.
   std::vector<std::vector<float>> k_cache_, v_cache_;
-  Scratch scratch_;
+  std::vector<KvRegion> regions_;  // over k_cache_/v_cache_
+  Scratch scratch_;                // runner thread only
+  std::vector<float> logits_;      // runner thread only
+
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: runs Loop() over everything above
 };
 
 }  // namespace pdserve::engine

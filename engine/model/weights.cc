@@ -109,8 +109,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const ModelConfig& config,
   return LoadWeights(config, **checkpoint);
 }
 
-uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
-  Fnv1a h;
+namespace {
+
+// The config's shape- and math-defining fields.
+void HashConfig(const ModelConfig& c, Fnv1a& h) {
   h.String(c.architecture);
   for (int64_t v : {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
                     c.num_kv_heads, c.head_dim, c.max_position_embeddings}) {
@@ -128,24 +130,48 @@ uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
     h.Float(c.rope_scaling.high_freq_factor);
     h.Int(c.rope_scaling.original_max_position_embeddings);
   }
+}
 
+// A tensor's name, shape, size and a sample of its values: the first and
+// last 64 and every 257th one.
+template <typename At>
+void HashTensor(const std::string& name, const std::vector<int64_t>& shape, int64_t n, At at,
+                Fnv1a& h) {
+  constexpr int64_t kEdge = 64, kStride = 257;
+  h.String(name);
+  for (int64_t d : shape) h.Int(d);
+  h.Int(n);
+  for (int64_t j = 0; j < n && j < kEdge; ++j) h.Float(at(j));
+  for (int64_t j = kEdge; j + kEdge < n; j += kStride) h.Float(at(j));
+  for (int64_t j = n > kEdge ? n - kEdge : n; j < n; ++j) h.Float(at(j));
+}
+
+}  // namespace
+
+uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
+  Fnv1a h;
+  HashConfig(c, h);
   if (weights.layers.size() != static_cast<size_t>(c.num_layers)) {
     h.Int(-1);  // does not fit the config: no tensor walk
     return h.value();
   }
-  constexpr size_t kEdge = 64, kStride = 257;
   ForEachTensor(
       c, weights,
       [&](const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& t) {
-        h.String(name);
-        for (int64_t d : shape) h.Int(d);
-        h.Int(static_cast<int64_t>(t.size()));
-        for (size_t j = 0; j < t.size() && j < kEdge; ++j) h.Float(t[j]);
-        for (size_t j = kEdge; j + kEdge < t.size(); j += kStride) h.Float(t[j]);
-        for (size_t j = t.size() > kEdge ? t.size() - kEdge : t.size(); j < t.size(); ++j) {
-          h.Float(t[j]);
-        }
+        HashTensor(
+            name, shape, static_cast<int64_t>(t.size()), [&t](int64_t j) { return t[j]; }, h);
       });
+  return h.value();
+}
+
+uint64_t ComputeFingerprint(const ModelConfig& c, std::span<const FingerprintTensor> tensors) {
+  Fnv1a h;
+  HashConfig(c, h);
+  if (tensors.size() != ModelWeightSpecs(c).size()) {
+    h.Int(-1);
+    return h.value();
+  }
+  for (const FingerprintTensor& t : tensors) HashTensor(*t.name, *t.shape, t.size, t.at, h);
   return h.value();
 }
 

@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,5 +90,16 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const ModelConfig& config,
 // floats and every 257th one). Two different random models differ with
 // overwhelming probability; the same weights always give the same value.
 uint64_t ComputeFingerprint(const ModelConfig& config, const ModelWeights& weights);
+
+// The same hash over tensors given in ModelWeightSpecs(config) order as
+// (name, shape, element count, element accessor): how WeightSource
+// fingerprints weights it never converts as a whole.
+struct FingerprintTensor {
+  const std::string* name;
+  const std::vector<int64_t>* shape;
+  int64_t size;
+  std::function<float(int64_t)> at;
+};
+uint64_t ComputeFingerprint(const ModelConfig& config, std::span<const FingerprintTensor> tensors);
 
 }  // namespace pdserve::engine

@@ -2,7 +2,7 @@
 #include "engine/runtime/generator.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/kvcache/block_manager.h"
+#include "engine/kvcache/kv_cache_manager.h"
 
 namespace pdserve::engine {
 
@@ -23,7 +23,7 @@ absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<co
   }
   // The last generated token is never fed back, so its K/V needs no slot.
   const int kv_tokens = static_cast<int>(prompt_len) + params.max_tokens - 1;
-  BlockManager blocks(runner.num_kv_blocks(), runner.kv_block_size());
+  KvCacheManager blocks(runner.num_kv_blocks(), runner.kv_block_size());
   constexpr SeqId kSeq = 0;
   if (absl::Status s = blocks.Allocate(kSeq, kv_tokens); !s.ok()) {
     return absl::InvalidArgumentError(
@@ -34,29 +34,27 @@ absl::StatusOr<GenerateResult> GenerateLocally(ModelRunner& runner, std::span<co
   const std::span<const int32_t> table = blocks.BlockTable(kSeq);
 
   GenerateResult result;
-  std::vector<float> logits;
-  const PrefillSequence seq{prompt, table};
-  if (absl::Status s = runner.Prefill({&seq, 1}, nullptr, logits); !s.ok()) return s;
-  std::vector<float> scratch;
-  auto sample = [&] {
-    SampledToken t = Sample(logits, params, {.prompt = prompt, .generated = result.tokens},
-                            config.eos_token_ids, scratch);
-    result.logprobs.push_back(t);
-    return t.token;
-  };
-  int32_t token = sample();
-  result.tokens.push_back(token);
-  result.finish_reason = CheckFinish(config, params, token, 1, static_cast<int>(prompt_len) + 1);
-
-  while (result.finish_reason == FinishReason::kNone) {
-    const int step = static_cast<int>(result.tokens.size());  // index of the token to sample
-    const DecodeSequence next{token, static_cast<int32_t>(prompt_len) + step - 1, table};
-    if (absl::Status s = runner.Decode({&next, 1}, logits); !s.ok()) return s;
-    token = sample();
+  std::vector<int32_t> input(prompt.begin(), prompt.end());  // the step's new tokens
+  int num_cached = 0;
+  do {
+    StepBatch batch;
+    batch.seqs.push_back({.tokens = input,
+                          .num_cached = num_cached,
+                          .block_table = table,
+                          .sampling = &params,
+                          .history = {.prompt = prompt, .generated = result.tokens}});
+    absl::StatusOr<StepOutput> out = runner.Step(std::move(batch));
+    if (!out.ok()) return out.status();
+    num_cached += static_cast<int>(input.size());
+    SampledToken& t = out->sampled[0];
+    const int32_t token = t.token;
+    result.logprobs.push_back(std::move(t));
     result.tokens.push_back(token);
+    const int generated = static_cast<int>(result.tokens.size());
     result.finish_reason =
-        CheckFinish(config, params, token, step + 1, static_cast<int>(prompt_len) + step + 1);
-  }
+        CheckFinish(config, params, token, generated, static_cast<int>(prompt_len) + generated);
+    input.assign(1, token);
+  } while (result.finish_reason == FinishReason::kNone);
   return result;
 }
 

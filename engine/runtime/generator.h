@@ -23,7 +23,7 @@ struct GenerateResult {
 };
 
 // Generates from `prompt` with `params`. Treats the runner's whole KV cache as
-// its own (blocks are handed out by a private BlockManager), so it must not
+// its own (blocks are handed out by a private KvCacheManager), so it must not
 // run while the runner serves other sequences.
 // INVALID_ARGUMENT for an empty prompt, bad tokens or sampling parameters,
 // prompt.size() + max_tokens > max_position_embeddings, or a KV cache too

@@ -1,27 +1,48 @@
-// The compute-backend interface of the engine. Schedulers and services drive a
-// ModelRunner and never see tensors: the runner owns the weights and the KV
-// storage, and reads/writes KV through block tables handed out by a
-// BlockManager (engine/kvcache/block_manager.h). The CPU runner (engine/cpu/) is the
-// reference; a CUDA runner implements the same interface.
+// The compute-backend interface of the engine (runner interface v2).
 //
-// KV storage layout (per layer, K and V apart): [num_blocks, block_size,
-// num_kv_heads, head_dim]. Token t of a sequence lives in block
+// A ModelRunner owns the weights, in its backend's own storage, and the paged
+// KV cache. Schedulers and services drive it with steps and never see
+// tensors: a step is a batch of sequences, each bringing new tokens (a prompt
+// chunk, or one decode token) at the positions after the tokens already in
+// its cache, with its block table and, when it samples, its sampling state.
+// The runner computes, writes the new tokens' K/V into the cache, samples on
+// its own device and returns the sampled tokens (and log-probabilities only
+// when asked): full-vocabulary logits never have to leave the device.
+//
+// Steps are asynchronous: Enqueue returns a StepHandle at once; the handle
+// signals each layer's completion (a transport waits on layer i and moves its
+// K/V while layer i+1 computes) and then the result. Steps run one after the
+// other, in enqueue order.
+//
+// The KV cache is exposed as registered regions, one per layer (KvRegion), so
+// a transport can move blocks by descriptor without going through the
+// runner; ReadLayerKv/WriteLayerKv stage a layer through host memory for
+// transports that need bytes (TCP).
+//
+// KV layout (per layer, K and V apart): [num_blocks, block_size,
+// num_kv_heads, head_dim] in kv_dtype(). Token t of a sequence lives in block
 // block_table[t / block_size], slot t % block_size.
 //
-// Threading: Prefill and Decode are called from one engine thread.
-// ReadLayerKv/WriteLayerKv may be called from other threads at the same time
-// as long as the blocks they touch are not used by the running call.
+// Threading: Enqueue is called from one engine thread. A handle may be waited
+// on from any one thread. ReadLayerKv/WriteLayerKv may be called from other
+// threads at the same time as a step, as long as the blocks (and, for a
+// layer of a running step, the layer: wait for it first) they touch are not
+// written by that step.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/model/config.h"
+#include "engine/runtime/sampler.h"
 
 namespace pdserve::engine {
 
@@ -30,29 +51,90 @@ enum class KvDtype { kF32, kBF16, kF16 };
 std::string_view KvDtypeName(KvDtype dtype);  // "f32", "bf16", "f16"
 int KvDtypeBytes(KvDtype dtype);
 
-struct PrefillSequence {
-  // Prompt tokens at positions 0..tokens.size()-1.
+// Where a KV region's memory lives.
+enum class MemoryKind { kHost, kDevice };
+
+// One layer's KV storage as registered by the runner: a transport moves
+// blocks of it by address. K and V each hold num_blocks blocks of
+// block_size * num_kv_heads * head_dim elements of `dtype`; block b of K
+// starts at k_base + b * block_stride_bytes (V likewise). Within a block,
+// token slots are consecutive, each num_kv_heads * head_dim elements
+// (layout "NHD"). Valid for the runner's lifetime.
+struct KvRegion {
+  int layer = 0;
+  MemoryKind memory = MemoryKind::kHost;
+  int device = 0;  // device ordinal when memory == kDevice
+  std::byte* k_base = nullptr;
+  std::byte* v_base = nullptr;
+  int64_t block_stride_bytes = 0;
+  int num_blocks = 0;
+  int block_size = 0;  // tokens per block
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  KvDtype dtype = KvDtype::kF32;
+
+  int64_t token_bytes() const { return int64_t{num_kv_heads} * head_dim * KvDtypeBytes(dtype); }
+};
+// The layout name carried in KV handshakes, e.g. "paged_nhd".
+inline constexpr std::string_view kKvLayoutPagedNhd = "paged_nhd";
+
+// One sequence of a step.
+struct StepSequence {
+  // New tokens at positions num_cached .. num_cached + tokens.size() - 1: a
+  // prompt chunk, or the one newest token of a decoding sequence. Non-empty.
   std::span<const int32_t> tokens;
-  // Blocks holding at least tokens.size() slots.
+  // Tokens of this sequence whose K/V is already in the cache (positions
+  // 0 .. num_cached - 1): 0 for a prompt's first chunk.
+  int num_cached = 0;
+  // Blocks covering at least num_cached + tokens.size() tokens.
   std::span<const int32_t> block_table;
+  // Samples the token after the last of `tokens` when set; null for a prompt
+  // chunk that does not end the prompt. Must outlive the step.
+  const SamplingParams* sampling = nullptr;
+  // What penalties and min_tokens read; the draw is step
+  // history.generated.size() of the request (engine/runtime/sampler.h).
+  TokenHistory history;
 };
 
-struct DecodeSequence {
-  int32_t token = 0;     // the newest token, at `position`
-  int32_t position = 0;  // its position; KV of 0..position-1 is in the cache
-  // Blocks holding at least position+1 slots.
-  std::span<const int32_t> block_table;
+struct StepBatch {
+  std::vector<StepSequence> seqs;
+  // Also return the sampling rows' raw logits (tests and tools only: a
+  // device backend copies them to the host).
+  bool return_logits = false;
 };
 
-// Called after layer `layer` of a prefill has written its K/V for every
-// sequence of the batch: the layer's KV may be read from then on.
-using LayerDoneFn = std::function<void(int layer)>;
+struct StepOutput {
+  // sampled[i] is sequence i's token; meaningful only where
+  // seqs[i].sampling was set (logprob fields only when asked).
+  std::vector<SampledToken> sampled;
+  // With return_logits: [number of sampling sequences, vocab_size], in
+  // batch order of the sampling sequences.
+  std::vector<float> logits;
+};
+
+// Completion of one enqueued step. Every method may block. After a failed
+// step, WaitLayer and Wait return its error.
+class StepHandle {
+ public:
+  virtual ~StepHandle() = default;  // waits for the step if it still runs
+  // Returns once layer `layer` has written the K/V of every sequence of the
+  // step (layers complete in order).
+  virtual absl::Status WaitLayer(int layer) = 0;
+  // Returns once the whole step is done. Call at most once.
+  virtual absl::StatusOr<StepOutput> Wait() = 0;
+  // A device backend's event recorded after layer `layer`'s K/V writes (e.g.
+  // a cudaEvent_t), for a transport stream to wait on without blocking the
+  // host; nullptr on host backends.
+  virtual void* LayerDeviceEvent(int layer) const { return nullptr; }
+};
 
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
+  // "cpu", "cuda".
+  virtual std::string_view backend() const = 0;
   // Identifies the weights: equal fingerprints mean interchangeable KV.
   virtual uint64_t fingerprint() const = 0;
   virtual KvDtype kv_dtype() const = 0;
@@ -64,15 +146,13 @@ class ModelRunner {
   // bandwidth utilisation.
   virtual int64_t DecodeWeightBytes() const = 0;
 
-  // Runs whole prompts, writes their K/V, and fills `logits` with
-  // [seqs.size(), vocab_size] logits of each prompt's last token.
-  // `on_layer_done` may be empty.
-  virtual absl::Status Prefill(std::span<const PrefillSequence> seqs,
-                               const LayerDoneFn& on_layer_done, std::vector<float>& logits) = 0;
+  // Validates `batch` (INVALID_ARGUMENT naming the sequence and field) and
+  // starts it. The spans in `batch` must stay valid until the handle's Wait
+  // returns. An empty batch completes at once.
+  virtual absl::StatusOr<std::unique_ptr<StepHandle>> Enqueue(StepBatch batch) = 0;
 
-  // One step for a batch: each sequence's token is appended at its position
-  // (its K/V written) and `logits` gets [seqs.size(), vocab_size].
-  virtual absl::Status Decode(std::span<const DecodeSequence> seqs, std::vector<float>& logits) = 0;
+  // One region per layer, in layer order.
+  virtual std::span<const KvRegion> kv_regions() const = 0;
 
   // Bytes of one layer's KV for `num_tokens` tokens: K then V, each
   // [num_tokens, num_kv_heads, head_dim] in kv_dtype().
@@ -83,6 +163,27 @@ class ModelRunner {
   // Scatters a layer received from a peer into the cache.
   virtual absl::Status WriteLayerKv(int layer, std::span<const int32_t> block_table, int num_tokens,
                                     std::span<const std::byte> in) = 0;
+
+  // Enqueue, then Wait.
+  absl::StatusOr<StepOutput> Step(StepBatch batch);
 };
+
+// Convenience for tests and tools that want logits: whole prompts from
+// position 0 (`on_layer_done`, if set, runs on the caller's thread after each
+// layer completes) and single decode tokens. `logits` gets [seqs, vocab].
+struct PrefillSequence {
+  std::span<const int32_t> tokens;       // prompt, positions 0..size-1
+  std::span<const int32_t> block_table;  // covers tokens.size()
+};
+struct DecodeSequence {
+  int32_t token = 0;                     // the newest token, at `position`
+  int32_t position = 0;                  // KV of 0..position-1 is in the cache
+  std::span<const int32_t> block_table;  // covers position + 1
+};
+using LayerDoneFn = std::function<void(int layer)>;
+absl::Status PrefillForLogits(ModelRunner& runner, std::span<const PrefillSequence> seqs,
+                              const LayerDoneFn& on_layer_done, std::vector<float>& logits);
+absl::Status DecodeForLogits(ModelRunner& runner, std::span<const DecodeSequence> seqs,
+                             std::vector<float>& logits);
 
 }  // namespace pdserve::engine

@@ -1,13 +1,15 @@
 // Token sampling (see sampler.h). Pipeline for temperature > 0:
-//   logits / T (in double; NaN -> -inf) -> top-k -> softmax -> top-p -> draw.
-// The uniform draw is a counter-based hash of (seed, step), so the result
-// depends only on the logits, the parameters and the step: never on call
-// order, thread, batch or machine. Small top-k keeps the k best in sorted
-// order (bounded heap); large top-k and top-p use a hand-written quickselect
-// (by count, or by probability mass; expected O(vocab), no full sort) whose
-// pivots come from a hash. Either way the order candidates are drawn in is
-// fixed by this file and the data alone, not by a standard library's
-// partitioning.
+//   logits / T (in double; NaN -> -inf) -> top-k -> softmax -> min-p -> top-p
+//   -> draw.
+// The uniform draw is a counter-based hash of (seed, step)
+// (engine/runtime/sampling_draw.h), so the result depends only on the logits, the
+// parameters and the step: never on call order, thread, batch or machine.
+// Small top-k keeps the k best through a bounded heap; large top-k and top-p
+// use a hand-written quickselect (by count, or by probability mass; expected
+// O(vocab), no full sort) whose pivots come from a hash. The draw then walks
+// the kept candidates in ascending token id (inverse CDF), an order any
+// backend can reproduce: the CUDA sampler (engine/cuda/sampling.cu) finds
+// the same token with a prefix sum over ids.
 #include "engine/runtime/sampler.h"
 
 #include <algorithm>
@@ -19,13 +21,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "engine/runtime/sampling_draw.h"
 
 namespace pdserve::engine {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kPosInf = std::numeric_limits<double>::infinity();
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 // The nucleus may stop when its mass reaches top_p up to this relative slack:
 // top_p arrives as a float (0.8f > 0.8) and the mass is a rounded sum.
 constexpr double kTopPSlack = 1e-6;
@@ -33,18 +35,9 @@ constexpr double kTopPSlack = 1e-6;
 // all candidates.
 constexpr size_t kHeapTopK = 256;
 
-uint64_t SplitMix64(uint64_t z) {
-  z += kGolden;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Uniform double in [0, 1) from (seed, step) only.
-double UniformForStep(uint64_t seed, int step) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (static_cast<uint64_t>(step) * kGolden));
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;
-}
+// Up to this share of the vocabulary the kept candidates are sorted by id
+// for the draw; above it they are scattered into a dense array instead.
+constexpr size_t kSortedDrawFraction = 8;
 
 // Largest logit, ignoring NaN; -inf if there is none. Eight accumulators
 // break the dependency chain (the compiler may not reorder a float max).
@@ -141,6 +134,35 @@ size_t SelectNucleus(std::span<Candidate> c, double threshold) {
     if (need <= 0.0) return lo;
   }
   return hi;
+}
+
+// Inverse-CDF draw of `target` (in [0, total)) over `kept` taken in
+// ascending id order: the first id whose cumulative mass exceeds `target`,
+// or the largest kept id when rounding leaves none. Reorders `kept`.
+int32_t DrawInIdOrder(std::span<Candidate> kept, double target, size_t vocab) {
+  if (kept.size() > 64 && kept.size() * kSortedDrawFraction > vocab) {
+    thread_local std::vector<double> dense;
+    dense.assign(vocab, 0.0);  // not kept: no mass, never drawn
+    int32_t last = 0;
+    for (const Candidate& c : kept) {
+      dense[c.id] = c.value;
+      last = std::max(last, c.id);
+    }
+    double cum = 0.0;
+    for (int32_t id = 0; id <= last; ++id) {
+      cum += dense[id];
+      if (target < cum) return id;
+    }
+    return last;
+  }
+  if (!std::ranges::is_sorted(kept, {}, &Candidate::id))
+    std::ranges::sort(kept, {}, &Candidate::id);
+  double cum = 0.0;
+  for (const Candidate& c : kept) {
+    cum += c.value;
+    if (target < cum) return c.id;
+  }
+  return kept.back().id;
 }
 
 absl::Status FieldError(absl::string_view field, absl::string_view range, auto value) {
@@ -309,14 +331,7 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     for (const Candidate& c : kept) total += c.value;
   }
 
-  // Inverse-CDF draw over the kept candidates, in their (deterministic) order.
-  const double target = UniformForStep(params.seed, step) * total;
-  double cum = 0.0;
-  for (const Candidate& c : kept) {
-    cum += c.value;
-    if (target < cum) return c.id;
-  }
-  return kept.back().id;  // target rounded to the very top
+  return DrawInIdOrder(kept, UniformForStep(params.seed, step) * total, logits.size());
 }
 
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,

@@ -13,7 +13,7 @@ mkdir -p "$out"
 for overlay in cpu gpu; do
   kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$out/$overlay.yaml" 2> "$out/$overlay.err" || {
     cat "$out/$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
-  for want in "Deployment 3" "Service 3" "PodDisruptionBudget 2" "ServiceMonitor 3" "ScaledObject 2" \
+  for want in "Deployment 3" "Service 3" "PodDisruptionBudget 2" "ServiceMonitor 3" "ScaledObject 2" "NetworkPolicy 4" \
               "PrometheusRule 1" "ConfigMap 1" "PersistentVolumeClaim 1" "Namespace 1"; do
     set -- $want
     got=$(grep -c "^kind: $1\$" "$out/$overlay.yaml" || true)
@@ -36,4 +36,9 @@ grep -q -- '--backend=cuda' "$out/gpu.yaml" || { echo "FAIL: gpu overlay args"; 
 n_gpu=$(grep -c '^ *nvidia.com/gpu: "1"$' "$out/gpu.yaml" || true)
 # requests and limits of the prefill and decode containers
 [ "$n_gpu" = 4 ] || { echo "FAIL: gpu overlay: $n_gpu nvidia.com/gpu entries, want requests and limits of both pools (4)"; exit 1; }
+# The router runs the CPU image in every overlay.
+for overlay in cpu gpu; do
+  grep -q '^        image: pdserve-cpu:' "$out/$overlay.yaml" || { echo "FAIL: overlay $overlay: no pdserve-cpu image (router)"; exit 1; }
+done
+grep -q '^        image: pdserve-cuda:' "$out/gpu.yaml" || { echo "FAIL: gpu overlay: workers not on the CUDA image"; exit 1; }
 echo OK

@@ -9,10 +9,15 @@
 //   - every process is probed over grpc.health.v1 on its gRPC port;
 //   - terminationGracePeriodSeconds covers preStop + --drain_timeout_ms + 2 s
 //     (server close) with a margin, and liveness cannot kill a draining pod;
-//   - --threads equals the container's CPU limit, and its CPU request, when set;
+//   - every worker sets --threads, equal to its container's CPU limit and
+//     request (0, all cores of the node, would not match any limit);
 //   - Services, PodDisruptionBudgets, ServiceMonitors and ScaledObjects
 //     select or target objects that exist; workers' ROUTER_ADDRESS names the
 //     router Service and its gRPC port;
+//   - KEDA fails safe: every Prometheus trigger treats an empty answer as an
+//     error (ignoreNullValues "false", KEDA's default being "true") and every
+//     ScaledObject has a fallback; prefill scales on queued tokens;
+//   - the security policy is tests/deploy/policy_check.mjs's;
 //   - the PrometheusRule's spec equals deploy/prometheus/pdserve.rules.yml.
 //
 //   node validate_manifests.mjs [--rules RULES.yml] [--partial] FILE.yaml...
@@ -28,6 +33,7 @@ const kModules = {
   v1: "kubernetes-models/v1",
   "apps/v1": "kubernetes-models/apps/v1",
   "policy/v1": "kubernetes-models/policy/v1",
+  "networking.k8s.io/v1": "kubernetes-models/networking.k8s.io/v1",
   "autoscaling/v2": "kubernetes-models/autoscaling/v2",
   "monitoring.coreos.com/v1": "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1",
   "keda.sh/v1alpha1": "@kubernetes-models/keda/keda.sh/v1alpha1",
@@ -182,6 +188,9 @@ for (const d of deployments) {
     const c = pod.containers[0];
     if (!flagValue(c.args, "backend")) fail(where, "the overlay sets no --backend");
     if (!c.resources?.requests) fail(where, "the overlay sets no resource requests");
+    const threads = Number(flagValue(c.args, "threads"));
+    if (!(threads > 0)) fail(where, "no --threads: 0 would use every core of the node, whatever its CPU limit");
+    if (cpuCores(c.resources?.limits?.cpu) === undefined) fail(where, "no CPU limit for its --threads");
   }
 }
 
@@ -246,6 +255,16 @@ for (const so of byKind("ScaledObject")) {
       fail(where, `trigger ${t.name}: metricType ${t.metricType} is not AverageValue, Value or Utilization`);
     }
     if (t.type === "prometheus" && !(Number(t.metadata.threshold) > 0)) fail(where, `trigger ${t.name}: threshold is not a positive number`);
+    // An empty answer (a broken scrape) must not read as 0 and scale down.
+    if (t.type === "prometheus" && t.metadata.ignoreNullValues !== "false") {
+      fail(where, `trigger ${t.name}: ignoreNullValues is not "false" (an empty query would read as 0)`);
+    }
+    if (so.spec.fallback && t.metricType !== "AverageValue") fail(where, `trigger ${t.name}: fallback needs AverageValue`);
+  }
+  if (!(so.spec.fallback?.replicas >= 1)) fail(where, "no fallback for a failing query");
+  if (so.spec.scaleTargetRef.name === "pdserve-prefill" &&
+      !so.spec.triggers.some((t) => /pdserve_prefill_queued_tokens/.test(t.metadata.query ?? ""))) {
+    fail(where, "prefill does not scale on queued tokens");
   }
 }
 

@@ -5,9 +5,11 @@
 # with `npm ci` into NPM_DIR on first use). Where kubectl is absent the
 # overlays cannot be rendered: the base files are validated as written, and
 # the output says so. Exit 77 (skipped) where node or npm is absent.
-#   validate_manifests_test.sh SOURCE_DIR NPM_DIR
+# SCRIPT (default validate_manifests.mjs; policy_check.mjs for the security
+# policy) is the checker run on the same files.
+#   validate_manifests_test.sh SOURCE_DIR NPM_DIR [SCRIPT]
 set -euo pipefail
-src=$1 npm_dir=$2
+src=$1 npm_dir=$2 script=${3:-validate_manifests.mjs}
 here="$src/tests/deploy"
 for tool in node npm; do
   command -v "$tool" >/dev/null || { echo "SKIP: $tool not found (Debian: apt-get install nodejs npm)"; exit 77; }
@@ -26,19 +28,19 @@ mkdir -p "$npm_dir"
   fi
 ) 9> "$npm_dir/.lock"
 # ES modules resolve packages from the script's own directory.
-cp "$here/validate_manifests.mjs" "$npm_dir/"
+cp "$here/$script" "$npm_dir/"
 rules="$src/deploy/prometheus/pdserve.rules.yml"
 
 if command -v kubectl >/dev/null; then
   for overlay in cpu gpu; do
-    kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$npm_dir/$overlay.yaml" 2> "$npm_dir/$overlay.err" ||
-      { cat "$npm_dir/$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
+    kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$npm_dir/$script.$overlay.yaml" 2> "$npm_dir/$script.$overlay.err" ||
+      { cat "$npm_dir/$script.$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
     echo "== overlay $overlay (rendered by kubectl kustomize)"
-    node "$npm_dir/validate_manifests.mjs" --rules "$rules" "$npm_dir/$overlay.yaml"
+    node "$npm_dir/$script" --rules "$rules" "$npm_dir/$script.$overlay.yaml"
   done
 else
   echo "== kubectl not found: validating the base files as written (overlay patches not applied)"
   base="$src/deploy/k8s/base"
   files=$(sed -n 's/^- \(.*\.yaml\)$/\1/p' "$base/kustomization.yaml")
-  (cd "$base" && node "$npm_dir/validate_manifests.mjs" --partial --rules "$rules" $files)
+  (cd "$base" && node "$npm_dir/$script" --partial --rules "$rules" $files)
 fi

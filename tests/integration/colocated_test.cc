@@ -1,5 +1,6 @@
-// The colocated baseline (decode_worker/colocated_*, pdserve_colocated):
-// its step planner as a table of cases, then the real process on loopback:
+// The colocated baseline (decode_worker/colocated_*, pdserve_colocated; its
+// step planning is the scheduler core's, tested in scheduler_test), as the
+// real process on loopback:
 // generations equal the in-process engine token for token, concurrent
 // streams complete and free their KV, bad input is INVALID_ARGUMENT,
 // cancellation frees KV, SIGTERM drains, and the OpenAI-compatible HTTP API
@@ -27,38 +28,6 @@
 
 namespace pdserve::testing {
 namespace {
-
-using colocated::ColocatedOptions;
-using colocated::PlanStep;
-using colocated::StepPlan;
-
-TEST(PlanStepTest, TableOfCases) {
-  const ColocatedOptions options{.max_running = 4, .max_prefill_tokens = 100, .max_waiting = 16};
-  struct Case {
-    const char* name;
-    std::vector<int> tokens, blocks;
-    int free_blocks, running;
-    StepPlan::Kind kind;
-    int num_prefill;
-  };
-  const std::vector<Case> cases = {
-      {"idle", {}, {}, 10, 0, StepPlan::Kind::kIdle, 0},
-      {"decode only", {}, {}, 10, 3, StepPlan::Kind::kDecode, 0},
-      {"prefill first", {10}, {1}, 10, 3, StepPlan::Kind::kPrefill, 1},
-      {"token budget", {60, 30, 20}, {1, 1, 1}, 10, 0, StepPlan::Kind::kPrefill, 2},
-      {"long head alone", {500, 10}, {9, 1}, 10, 0, StepPlan::Kind::kPrefill, 1},
-      {"running limit", {10, 10, 10}, {1, 1, 1}, 10, 2, StepPlan::Kind::kPrefill, 2},
-      {"running full: decode", {10}, {1}, 10, 4, StepPlan::Kind::kDecode, 0},
-      {"blocks short: decode", {10}, {5}, 4, 2, StepPlan::Kind::kDecode, 0},
-      {"no overtaking the head", {10, 10}, {5, 1}, 4, 1, StepPlan::Kind::kDecode, 0},
-      {"blocks for two of three", {10, 10, 10}, {2, 2, 2}, 5, 0, StepPlan::Kind::kPrefill, 2},
-  };
-  for (const Case& c : cases) {
-    const StepPlan plan = PlanStep(c.tokens, c.blocks, c.free_blocks, c.running, options);
-    EXPECT_EQ(plan.kind, c.kind) << c.name;
-    EXPECT_EQ(plan.num_prefill, c.num_prefill) << c.name;
-  }
-}
 
 class ColocatedTest : public ::testing::Test {
  protected:

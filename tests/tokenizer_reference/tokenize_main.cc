@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/cli.h"
 #include "text/bpe_tokenizer.h"
 #include "text/chat_template.h"
 #include "text/tokenizer_loader.h"
@@ -140,7 +140,10 @@ Json HandleTemplate(const Json& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pdserve::ParseFlags(
+      argc, argv,
+      "Tokenizes and renders chat templates from JSON lines on stdin (tokenizer reference check)",
+      __FILE__);
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = pdserve::text::LoadTokenizer(dir);
   if (!tok.ok()) {

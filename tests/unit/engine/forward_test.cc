@@ -254,10 +254,9 @@ TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
   const PrefillSequence seq{prompt, table};
   std::vector<float> logits;
   std::vector<int> layers_done;
-  ASSERT_TRUE(runner_
-                  ->Prefill(
-                      {&seq, 1}, [&](int l) { layers_done.push_back(l); }, logits)
-                  .ok());
+  ASSERT_TRUE(
+      PrefillForLogits(*runner_, {&seq, 1}, [&](int l) { layers_done.push_back(l); }, logits)
+          .ok());
   ASSERT_EQ(logits.size(), static_cast<size_t>(vocab()));
   EXPECT_LT(RelDiff(logits, ref_->LastLogits(prompt)), kTol);
   EXPECT_THAT(layers_done, testing::ElementsAre(0, 1));
@@ -290,14 +289,14 @@ TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
   const std::vector<int32_t> table = {0, 1, 2, 3, 4};
   const PrefillSequence seq{tokens, table};
   std::vector<float> a, b;
-  ASSERT_TRUE(runner_->Prefill({&seq, 1}, nullptr, a).ok());
-  ASSERT_TRUE(fp32->Prefill({&seq, 1}, nullptr, b).ok());
+  ASSERT_TRUE(PrefillForLogits(*runner_, {&seq, 1}, nullptr, a).ok());
+  ASSERT_TRUE(PrefillForLogits(*fp32, {&seq, 1}, nullptr, b).ok());
   EXPECT_LT(RelDiff(a, b), 1e-5);
   for (int step = 0; step < 4; ++step) {
     const DecodeSequence d{(step * 31 + 2) % vocab(), static_cast<int32_t>(tokens.size()), table};
     tokens.push_back(d.token);
-    ASSERT_TRUE(runner_->Decode({&d, 1}, a).ok());
-    ASSERT_TRUE(fp32->Decode({&d, 1}, b).ok());
+    ASSERT_TRUE(DecodeForLogits(*runner_, {&d, 1}, a).ok());
+    ASSERT_TRUE(DecodeForLogits(*fp32, {&d, 1}, b).ok());
     EXPECT_LT(RelDiff(a, b), 1e-5) << "step " << step;
   }
 }
@@ -307,12 +306,12 @@ TEST_P(ForwardTest, DecodeStepsMatchReference) {
   const std::vector<int32_t> table = {3, 9, 1, 12, 6};  // 20 slots
   const PrefillSequence seq{seq_tokens, table};
   std::vector<float> logits;
-  ASSERT_TRUE(runner_->Prefill({&seq, 1}, nullptr, logits).ok());
+  ASSERT_TRUE(PrefillForLogits(*runner_, {&seq, 1}, nullptr, logits).ok());
   for (int step = 0; step < 10; ++step) {
     const int32_t token = (step * 53 + 5) % vocab();
     const DecodeSequence d{token, static_cast<int32_t>(seq_tokens.size()), table};
     seq_tokens.push_back(token);
-    ASSERT_TRUE(runner_->Decode({&d, 1}, logits).ok());
+    ASSERT_TRUE(DecodeForLogits(*runner_, {&d, 1}, logits).ok());
     EXPECT_LT(RelDiff(logits, ref_->LastLogits(seq_tokens)), kTol) << "step " << step;
   }
 }
@@ -325,14 +324,14 @@ TEST_P(ForwardTest, BatchedPrefillAndDecodeEqualSingleSequences) {
   std::vector<PrefillSequence> batch;
   for (size_t s = 0; s < 3; ++s) batch.push_back({prompts[s], tables[s]});
   std::vector<float> batched;
-  ASSERT_TRUE(runner_->Prefill(batch, nullptr, batched).ok());
+  ASSERT_TRUE(PrefillForLogits(*runner_, batch, nullptr, batched).ok());
   ASSERT_EQ(batched.size(), static_cast<size_t>(3 * vocab()));
 
   // Each sequence alone (its own runner, so the caches are independent).
   auto single = NewRunner();
   for (int s = 0; s < 3; ++s) {
     std::vector<float> alone;
-    ASSERT_TRUE(single->Prefill({&batch[s], 1}, nullptr, alone).ok());
+    ASSERT_TRUE(PrefillForLogits(*single, {&batch[s], 1}, nullptr, alone).ok());
     EXPECT_LT(RelDiff(Row(batched, s, vocab()), alone), 1e-5) << "seq " << s;
     EXPECT_LT(RelDiff(Row(batched, s, vocab()), ref_->LastLogits(prompts[s])), kTol) << "seq " << s;
     for (int layer = 0; layer < config_.num_layers; ++layer) {  // same KV written
@@ -353,10 +352,10 @@ TEST_P(ForwardTest, BatchedPrefillAndDecodeEqualSingleSequences) {
   for (int s = 0; s < 3; ++s) {
     dbatch.push_back({next[s], static_cast<int32_t>(prompts[s].size()), tables[s]});
   }
-  ASSERT_TRUE(runner_->Decode(dbatch, batched).ok());
+  ASSERT_TRUE(DecodeForLogits(*runner_, dbatch, batched).ok());
   for (int s = 0; s < 3; ++s) {
     std::vector<float> alone;
-    ASSERT_TRUE(single->Decode({&dbatch[s], 1}, alone).ok());
+    ASSERT_TRUE(DecodeForLogits(*single, {&dbatch[s], 1}, alone).ok());
     EXPECT_LT(RelDiff(Row(batched, s, vocab()), alone), 1e-5) << "seq " << s;
     std::vector<int32_t> full = prompts[s];
     full.push_back(next[s]);
@@ -380,12 +379,12 @@ TEST_P(ForwardTest, KvTransferBetweenRunnersGivesIdenticalLogits) {
     ASSERT_TRUE(b->WriteLayerKv(layer, table_b, 10, buf).ok());
     ++sent;
   };
-  ASSERT_TRUE(runner_->Prefill({&seq, 1}, ship, logits_a).ok());
+  ASSERT_TRUE(PrefillForLogits(*runner_, {&seq, 1}, ship, logits_a).ok());
   EXPECT_EQ(sent, config_.num_layers);
 
   const DecodeSequence da{17, 10, table_a}, db{17, 10, table_b};
-  ASSERT_TRUE(runner_->Decode({&da, 1}, logits_a).ok());
-  ASSERT_TRUE(b->Decode({&db, 1}, logits_b).ok());
+  ASSERT_TRUE(DecodeForLogits(*runner_, {&da, 1}, logits_a).ok());
+  ASSERT_TRUE(DecodeForLogits(*b, {&db, 1}, logits_b).ok());
   EXPECT_EQ(logits_a, logits_b);
   std::vector<int32_t> full = prompt;
   full.push_back(17);
@@ -418,7 +417,7 @@ TEST_P(ForwardTest, InvalidInputsAreRejected) {
   const std::vector<int32_t> table = {0, 1};
   auto prefill = [&](std::vector<int32_t> tokens, std::vector<int32_t> blocks) {
     const PrefillSequence s{tokens, blocks};
-    return runner_->Prefill({&s, 1}, nullptr, logits).code();
+    return PrefillForLogits(*runner_, {&s, 1}, nullptr, logits).code();
   };
   constexpr auto kBad = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(prefill({1, -1}, table), kBad);
@@ -433,7 +432,7 @@ TEST_P(ForwardTest, InvalidInputsAreRejected) {
 
   auto decode = [&](int32_t token, int32_t pos, std::vector<int32_t> blocks) {
     const DecodeSequence d{token, pos, blocks};
-    return runner_->Decode({&d, 1}, logits).code();
+    return DecodeForLogits(*runner_, {&d, 1}, logits).code();
   };
   EXPECT_EQ(decode(vocab(), 0, table), kBad);
   EXPECT_EQ(decode(1, -1, table), kBad);
@@ -449,7 +448,7 @@ TEST_P(ForwardTest, InvalidInputsAreRejected) {
   EXPECT_EQ(runner_->WriteLayerKv(0, std::vector<int32_t>{99}, 4, buf).code(), kBad);
   EXPECT_TRUE(runner_->ReadLayerKv(0, table, 4, buf).ok());
   EXPECT_TRUE(runner_->WriteLayerKv(0, table, 4, buf).ok());
-  EXPECT_TRUE(runner_->Prefill({}, nullptr, logits).ok());
+  EXPECT_TRUE(PrefillForLogits(*runner_, {}, nullptr, logits).ok());
   EXPECT_TRUE(logits.empty());
 }
 
@@ -496,8 +495,8 @@ TEST(SlidingWindowTest, WindowCutsInOnlyBeyondItsLength) {
   for (int n : {5, 6, 11}) {
     const std::vector<int32_t> prompt = Tokens(n, windowed.vocab_size, 9);
     const PrefillSequence seq{prompt, table};
-    ASSERT_TRUE(a->Prefill({&seq, 1}, nullptr, la).ok());
-    ASSERT_TRUE(b->Prefill({&seq, 1}, nullptr, lb).ok());
+    ASSERT_TRUE(PrefillForLogits(*a, {&seq, 1}, nullptr, la).ok());
+    ASSERT_TRUE(PrefillForLogits(*b, {&seq, 1}, nullptr, lb).ok());
     if (n <= 5) {
       EXPECT_LT(RelDiff(la, lb), 1e-6) << n;
     } else {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/sampling_draw.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine {
@@ -90,6 +91,63 @@ TEST(SamplerTest, GoldenDraws) {
   for (int step = 0; step < 4; ++step)
     got.push_back(SampleToken(logits, Params(1.0f, 0, 1.0f, 42), step));
   EXPECT_EQ(got, (std::vector<int32_t>{22497, 45453, 53822, 8256}));
+}
+
+// The draw's contract, which the CUDA sampler reproduces: the kept set
+// (top-k by logit then lowest id, min-p, the shortest nucleus in that order)
+// walked in ascending id with the inverse CDF of UniformForStep(seed, step).
+TEST(SamplerTest, DrawWalksTheKeptCandidatesInIdOrder) {
+  constexpr int kVocab = 3000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(kVocab);
+  for (float& x : logits) x = normal(rng);
+  std::vector<int32_t> order(kVocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  struct Case {
+    int top_k;
+    float top_p, min_p;
+  };
+  for (const Case& c :
+       {Case{0, 1.0f, 0.0f}, Case{40, 1.0f, 0.0f}, Case{1000, 1.0f, 0.0f}, Case{0, 0.9f, 0.0f},
+        Case{0, 0.999f, 0.0f}, Case{100, 0.8f, 0.05f}, Case{0, 1.0f, 0.02f}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "top_k=" << c.top_k << " top_p=" << c.top_p << " min_p=" << c.min_p);
+    SamplingParams p = Params(1.3f, c.top_k, c.top_p, 77);
+    p.min_p = c.min_p;
+    const double inv_t = 1.0 / static_cast<double>(p.temperature);
+    const double max_value = static_cast<double>(logits[order[0]]) * inv_t;
+    std::vector<std::pair<int32_t, double>> kept;  // in logit order
+    for (int i = 0; i < (c.top_k > 0 ? c.top_k : kVocab); ++i) {
+      const double v = std::exp(static_cast<double>(logits[order[i]]) * inv_t - max_value);
+      if (v >= c.min_p) kept.push_back({order[i], v});
+    }
+    double total = 0;
+    for (auto& [id, v] : kept) total += v;
+    if (c.top_p < 1.0f) {
+      const double threshold = c.top_p * total * (1 - 1e-6);
+      double cum = 0;
+      size_t n = 0;
+      while (n < kept.size() && cum < threshold) cum += kept[n++].second;
+      kept.resize(n);
+      total = cum;
+    }
+    std::sort(kept.begin(), kept.end());
+    for (int step = 0; step < 50; ++step) {
+      const double target = UniformForStep(p.seed, step) * total;
+      double cum = 0;
+      int32_t want = kept.back().first;
+      for (auto& [id, v] : kept) {
+        cum += v;
+        if (target < cum) {
+          want = id;
+          break;
+        }
+      }
+      ASSERT_EQ(SampleToken(logits, p, step), want) << "step " << step;
+    }
+  }
 }
 
 TEST(SamplerTest, DistributionMatchesSoftmax) {

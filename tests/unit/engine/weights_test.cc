@@ -11,14 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "tools/model_writer.h"
-#include "engine/runner_factory.h"
 #include "engine/model/safetensors.h"
+#include "engine/model/weight_source.h"
+#include "engine/runner_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/arch_models.h"
 #include "tests/unit/engine/tiny_models.h"
+#include "tools/model_writer.h"
 
 namespace pdserve::engine {
 namespace {
@@ -169,6 +170,64 @@ TEST(WeightsTest, WrongDtypeIsRefused) {
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(w.status().message(), HasSubstr("model.layers.0.mlp.up_proj.weight"));
   EXPECT_THAT(w.status().message(), HasSubstr("I32"));
+}
+
+// ---- WeightSource: tensors as stored ----
+
+TEST(WeightSourceTest, ViewsHoldTheStoredValuesAndTheSameFingerprint) {
+  const ModelConfig c = testing_models::TinyQwen2Config();
+  for (const std::string dtype : {"f32", "bf16", "f16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string dir = WriteSharded(c, dtype == "f16" ? 2 : 1, "source_" + dtype, dtype);
+    auto source = WeightSource::Open(c, dir);
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto weights = LoadModelWeights(c, dir);
+    ASSERT_TRUE(weights.ok());
+    EXPECT_EQ((*source)->fingerprint(), weights->fingerprint);
+    const TensorView* up = (*source)->Layer(1, "mlp.up_proj.weight");
+    ASSERT_NE(up, nullptr);
+    EXPECT_EQ(up->dtype, dtype == "f32"    ? StDtype::kF32
+                         : dtype == "bf16" ? StDtype::kBF16
+                                           : StDtype::kF16);
+    EXPECT_EQ(up->shape, (std::vector<int64_t>{c.intermediate_size, c.hidden_size}));
+    std::vector<float> f32(static_cast<size_t>(up->num_elements));
+    up->ToF32(f32);
+    EXPECT_EQ(f32, weights->layers[1].up_proj);
+    // A slice converts the same elements.
+    std::vector<float> part(10);
+    up->ToF32(part, 25);
+    EXPECT_EQ(part, std::vector<float>(f32.begin() + 25, f32.begin() + 35));
+    std::vector<uint16_t> bf16(static_cast<size_t>(up->num_elements));
+    up->ToBf16(bf16);
+    for (size_t i = 0; i < bf16.size(); i += 97) EXPECT_EQ(bf16[i], FloatToBf16(f32[i]));
+    EXPECT_NE((*source)->Layer(0, "self_attn.q_proj.bias"), nullptr);  // Qwen2
+    EXPECT_EQ((*source)->Find("model.embed_tokens.weight")->num_elements,
+              int64_t{c.vocab_size} * c.hidden_size);
+    EXPECT_EQ((*source)->Find("not.a.tensor"), nullptr);
+  }
+}
+
+TEST(WeightSourceTest, RefusesWhatLoadWeightsRefuses) {
+  const ModelConfig c = TinyGqaConfig();
+  const std::string missing = WriteTinyModel(c, 1, "f32", "source_missing");
+  DropTensor(missing, "model.layers.1.mlp.up_proj.weight");
+  auto m = WeightSource::Open(c, missing);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(m.status().message(), HasSubstr("model.layers.1.mlp.up_proj.weight"));
+
+  const std::string dir = WriteTinyModel(c, 1, "f32", "source_shape");
+  ModelConfig other = c;
+  other.intermediate_size = 100;
+  auto s = WeightSource::Open(other, dir);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("[160, 64]"));
+
+  const std::string wrong = WriteTinyModel(c, 1, "f32", "source_dtype");
+  EditHeader(wrong + "/model.safetensors",
+             [](json& h) { h["model.layers.0.mlp.up_proj.weight"]["dtype"] = "I32"; });
+  auto d = WeightSource::Open(c, wrong);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("I32"));
 }
 
 // ---- architectures ----

@@ -1,5 +1,8 @@
 #include "router/worker_registry.h"
 
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pdserve::router {
@@ -8,9 +11,12 @@ namespace {
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
 
 WorkerDesc Desc(const std::string& id, Role role, uint64_t fingerprint = 42) {
-  return WorkerDesc{.id = id, .role = role, .address = id + ":1",
+  return WorkerDesc{.id = id,
+                    .role = role,
+                    .address = id + ":1",
                     .kv_endpoint = role == Role::kDecode ? "tcp://x:2" : "",
-                    .model_fingerprint = fingerprint, .kv_block_size = 16};
+                    .model_fingerprint = fingerprint,
+                    .kv_block_size = 16};
 }
 
 TEST(WorkerRegistryTest, RegisterHeartbeatAndExpire) {
@@ -45,7 +51,8 @@ TEST(WorkerRegistryTest, DrainingWorkersAreNotOffered) {
 
 TEST(WorkerRegistryTest, RejectsBadRegistrations) {
   WorkerRegistry registry(absl::Seconds(3));
-  EXPECT_EQ(registry.Register(Desc("", Role::kPrefill), {}, kT0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register(Desc("", Role::kPrefill), {}, kT0).code(),
+            absl::StatusCode::kInvalidArgument);
   WorkerDesc no_kv = Desc("d", Role::kDecode);
   no_kv.kv_endpoint.clear();
   EXPECT_EQ(registry.Register(no_kv, {}, kT0).code(), absl::StatusCode::kInvalidArgument);
@@ -60,13 +67,43 @@ TEST(WorkerRegistryTest, RejectsBadRegistrations) {
 TEST(WorkerRegistryTest, OutstandingIsTracked) {
   WorkerRegistry registry(absl::Seconds(3));
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
-  registry.AddOutstanding("p1", 2, 100);
-  registry.AddOutstanding("p1", -1, -40);
-  registry.AddOutstanding("unknown", 1, 1);  // no-op
+  OutstandingWork a = registry.StartWork("p1", 60);
+  OutstandingWork b = registry.StartWork("p1", 40);
+  OutstandingWork none = registry.StartWork("unknown", 1);  // empty handle
+  b.Release();
+  b.Release();  // once only
   auto live = registry.Live(Role::kPrefill, kT0);
   ASSERT_EQ(live.size(), 1u);
   EXPECT_EQ(live[0].outstanding_requests, 1);
   EXPECT_EQ(live[0].outstanding_tokens, 60);
+  OutstandingWork moved = std::move(a);
+  a.Release();  // moved-from: no effect
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].outstanding_requests, 1);
+  moved.Release();
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].outstanding_requests, 0);
+}
+
+// A worker dropped for missed heartbeats and registered again starts from
+// zero; work sent to it before must not drive its count negative (a negative
+// count once made every burst pick that one worker).
+TEST(WorkerRegistryTest, WorkOfAnEarlierIncarnationDoesNotCountAgainstTheNewOne) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  std::vector<OutstandingWork> old_work;
+  for (int i = 0; i < 5; ++i) old_work.push_back(registry.StartWork("p1", 100));
+  const absl::Time later = kT0 + absl::Seconds(10);
+  EXPECT_TRUE(registry.Live(Role::kPrefill, later).empty());  // expired
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, later).ok());
+  OutstandingWork fresh = registry.StartWork("p1", 7);
+  old_work.clear();  // the old requests end
+  auto live = registry.Live(Role::kPrefill, later);
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].outstanding_requests, 1);
+  EXPECT_EQ(live[0].outstanding_tokens, 7);
+  // Re-registering while still live (a restart the router saw) keeps counts.
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, later).ok());
+  fresh.Release();
+  EXPECT_EQ(registry.Live(Role::kPrefill, later)[0].outstanding_requests, 0);
 }
 
 }  // namespace

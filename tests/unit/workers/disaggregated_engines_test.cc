@@ -2,15 +2,16 @@
 // transport on loopback: the disaggregated path without gRPC, including its
 // failure paths (every one must free the KV on both sides).
 #include <memory>
+#include <thread>
 
 #include "decode_worker/decode_engine.h"
-#include "engine/runtime/generator.h"
-#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/generator.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 #include "prefill_worker/prefill_engine.h"
+#include "tools/model_writer.h"
 
 namespace pdserve {
 namespace {
@@ -34,8 +35,8 @@ std::string WriteModel(uint64_t seed) {
 }
 
 std::unique_ptr<engine::ModelRunner> Runner(const std::string& dir, int blocks) {
-  auto r = engine::CreateModelRunner({.model_dir = dir, .kv_block_size = 16, .num_kv_blocks = blocks,
-                                      .num_threads = 1});
+  auto r = engine::CreateModelRunner(
+      {.model_dir = dir, .kv_block_size = 16, .num_kv_blocks = blocks, .num_threads = 1});
   EXPECT_TRUE(r.ok()) << r.status();
   return std::move(*r);
 }
@@ -83,12 +84,12 @@ class DisaggregatedEnginesTest : public ::testing::Test {
 
   std::unique_ptr<decode::DecodeEngine> MakeDecode(absl::Duration kv_timeout = absl::Seconds(10)) {
     return std::make_unique<decode::DecodeEngine>(
-        decode::DecodeEngineOptions{.max_running = 8, .kv_timeout = kv_timeout}, decode_runner_.get(),
-        receiver_.get(), &decode_metrics_);
+        decode::DecodeEngineOptions{.max_running = 8, .kv_timeout = kv_timeout},
+        decode_runner_.get(), receiver_.get(), &decode_metrics_);
   }
-  std::unique_ptr<prefill::PrefillEngine> MakePrefill(engine::ModelRunner* runner) {
-    return std::make_unique<prefill::PrefillEngine>(prefill::PrefillEngineOptions{}, runner,
-                                                    &prefill_metrics_);
+  std::unique_ptr<prefill::PrefillEngine> MakePrefill(engine::ModelRunner* runner,
+                                                      prefill::PrefillEngineOptions options = {}) {
+    return std::make_unique<prefill::PrefillEngine>(options, runner, &prefill_metrics_);
   }
   // Opens a session from `prefill` to the reservation of `stream`.
   std::unique_ptr<kvtransfer::SendSession> Session(prefill::PrefillEngine& prefill, int tokens,
@@ -136,14 +137,18 @@ class DisaggregatedEnginesTest : public ::testing::Test {
 TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
   auto decode = MakeDecode();
   auto prefill = MakePrefill(prefill_runner_.get());
-  const std::vector<int32_t> prompt = {256, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
-  engine::SamplingParams params{.temperature = 0.7f, .seed = 9, .max_tokens = 20, .ignore_eos = true};
+  const std::vector<int32_t> prompt = {256, 5,  6,  7,  8,  9,  10, 11, 12,
+                                       13,  14, 15, 16, 17, 18, 19, 20, 21};
+  engine::SamplingParams params{
+      .temperature = 0.7f, .seed = 9, .max_tokens = 20, .ignore_eos = true};
   auto expected = engine::GenerateLocally(*Runner(model_, 16), prompt, params);
   ASSERT_TRUE(expected.ok());
 
   auto stream = decode->Admit({.request_id = "r", .prompt = prompt, .sampling = params});
   ASSERT_TRUE(stream.ok()) << stream.status();
-  auto ticket = prefill->Submit({.request_id = "r", .prompt = prompt, .sampling = params,
+  auto ticket = prefill->Submit({.request_id = "r",
+                                 .prompt = prompt,
+                                 .sampling = params,
                                  .kv_session = Session(*prefill, prompt.size(), **stream)});
   ASSERT_TRUE(ticket.ok());
   auto outcome = Await(**ticket);
@@ -156,6 +161,10 @@ TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
   EXPECT_EQ(all, expected->tokens);
   EXPECT_TRUE(DecodeEmpty(*decode));
   EXPECT_TRUE(PrefillEmpty());
+  // The workers' own latency histograms: one first token at the prefill
+  // worker, one gap per token the decode worker generated (19 of 20).
+  EXPECT_EQ(prefill_metrics_.time_to_first_token.Collect().histogram.sample_count, 1u);
+  EXPECT_EQ(decode_metrics_.inter_token_latency.Collect().histogram.sample_count, 19u);
 }
 
 TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides) {
@@ -169,7 +178,8 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   auto session = sender_->Open(receiver_->endpoint(), (*stream)->transfer_id(),
                                prefill->SpecFor(prompt.size()));
   if (session.ok()) {  // the refusal may come with the handshake or later
-    auto ticket = prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
+    auto ticket =
+        prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
     ASSERT_TRUE(ticket.ok());
     Await(**ticket);
   }
@@ -207,7 +217,8 @@ TEST_F(DisaggregatedEnginesTest, CancelWhileWaitingOrRunningFreesBlocks) {
   engine::SamplingParams params{.max_tokens = 200, .ignore_eos = true};
   auto running = decode->Admit({.prompt = prompt, .sampling = params});
   ASSERT_TRUE(running.ok());
-  auto ticket = prefill->Submit({.prompt = prompt, .sampling = params,
+  auto ticket = prefill->Submit({.prompt = prompt,
+                                 .sampling = params,
                                  .kv_session = Session(*prefill, prompt.size(), **running)});
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE(Await(**ticket).ok());
@@ -229,7 +240,8 @@ TEST_F(DisaggregatedEnginesTest, AdmissionChecksInputAndCapacity) {
   // 32 blocks of 16 = 512 slots; two requests of 250 fit, a third does not.
   std::vector<std::shared_ptr<decode::DecodeStream>> held;
   for (int i = 0; i < 2; ++i) {
-    auto s = decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}});
+    auto s =
+        decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}});
     ASSERT_TRUE(s.ok()) << s.status();
     held.push_back(*s);
   }
@@ -252,7 +264,8 @@ TEST_F(DisaggregatedEnginesTest, CancelledPrefillAbortsTheTransfer) {
   for (int i = 0; i < 6; ++i) {
     auto s = decode->Admit({.prompt = prompt, .sampling = params});
     ASSERT_TRUE(s.ok()) << s.status();
-    auto t = prefill->Submit({.prompt = prompt, .sampling = params,
+    auto t = prefill->Submit({.prompt = prompt,
+                              .sampling = params,
                               .kv_session = Session(*prefill, prompt.size(), **s)});
     ASSERT_TRUE(t.ok());
     streams.push_back(*s);
@@ -271,6 +284,219 @@ TEST_F(DisaggregatedEnginesTest, CancelledPrefillAbortsTheTransfer) {
     EXPECT_TRUE(Drain(*streams[i]).finished);
   }
   EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+// A burst of prompts that together exceed the prefill worker's KV cache is
+// queued and served; it once aborted the process ("Check failed:
+// blocks_.Allocate(seq, n).ok()").
+TEST_F(DisaggregatedEnginesTest, ABurstBeyondThePrefillCacheIsQueuedNotFatal) {
+  auto decode = MakeDecode();
+  auto small_runner = Runner(model_, /*blocks=*/8);  // 8 blocks of 16: two 40-token prompts
+  auto prefill = MakePrefill(small_runner.get());
+  engine::SamplingParams params{.max_tokens = 4, .ignore_eos = true};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<decode::DecodeStream>> streams;
+  std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt(40);
+    for (int t = 0; t < 40; ++t) prompt[t] = (t * 7 + i * 13) % 250;
+    auto s = decode->Admit({.prompt = prompt, .sampling = params});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto t = prefill->Submit({.prompt = prompt,
+                              .sampling = params,
+                              .kv_session = Session(*prefill, prompt.size(), **s)});
+    ASSERT_TRUE(t.ok()) << t.status();
+    prompts.push_back(prompt);
+    streams.push_back(*s);
+    tickets.push_back(*t);
+  }
+  auto reference = Runner(model_, 16);
+  for (int i = 0; i < 4; ++i) {
+    auto outcome = Await(*tickets[i]);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    Drained d = Drain(*streams[i]);
+    ASSERT_TRUE(d.finished) << d.error;
+    std::vector<int32_t> all = {outcome->first_token.token};
+    all.insert(all.end(), d.tokens.begin(), d.tokens.end());
+    EXPECT_EQ(all, engine::GenerateLocally(*reference, prompts[i], params)->tokens);
+  }
+  EXPECT_TRUE(DecodeEmpty(*decode));
+  EXPECT_TRUE(PrefillEmpty());
+}
+
+TEST_F(DisaggregatedEnginesTest, ChunkedPrefillGeneratesTheSameTokens) {
+  auto decode = MakeDecode();
+  auto prefill =
+      MakePrefill(prefill_runner_.get(), {.max_batch_tokens = 16, .max_prefill_chunk_tokens = 7});
+  engine::SamplingParams params{
+      .temperature = 0.8f, .seed = 5, .max_tokens = 6, .ignore_eos = true};
+  auto reference = Runner(model_, 16);
+  std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(30, 11), {}, {3, 4}};
+  for (int t = 0; t < 45; ++t) prompts[1].push_back((t * 31 + 2) % 250);
+  std::vector<std::shared_ptr<decode::DecodeStream>> streams;
+  std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
+  for (const auto& prompt : prompts) {
+    auto s = decode->Admit({.prompt = prompt, .sampling = params});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto t = prefill->Submit({.prompt = prompt,
+                              .sampling = params,
+                              .kv_session = Session(*prefill, prompt.size(), **s)});
+    ASSERT_TRUE(t.ok());
+    streams.push_back(*s);
+    tickets.push_back(*t);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto outcome = Await(*tickets[i]);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    Drained d = Drain(*streams[i]);
+    ASSERT_TRUE(d.finished) << d.error;
+    std::vector<int32_t> all = {outcome->first_token.token};
+    all.insert(all.end(), d.tokens.begin(), d.tokens.end());
+    EXPECT_EQ(all, engine::GenerateLocally(*reference, prompts[i], params)->tokens) << i;
+  }
+  // Prompts of 30 and 45 tokens in chunks of at most 7: more steps than prompts.
+  EXPECT_GE(prefill_metrics_.batch_tokens.Collect().histogram.sample_count, 7u);
+  EXPECT_TRUE(PrefillEmpty());
+}
+
+// A runner that lets steps start only as the test allows.
+class GatedRunner final : public engine::ModelRunner {
+ public:
+  explicit GatedRunner(engine::ModelRunner* inner) : inner_(inner) {}
+  void Allow(int steps) {
+    absl::MutexLock lock(&mu_);
+    permits_ += steps;
+  }
+  int started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+  absl::StatusOr<std::unique_ptr<engine::StepHandle>> Enqueue(engine::StepBatch batch) override {
+    {
+      absl::MutexLock lock(&mu_);
+      auto allowed = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return permits_ > 0; };
+      mu_.Await(absl::Condition(&allowed));
+      --permits_;
+      ++started_;
+    }
+    return inner_->Enqueue(std::move(batch));
+  }
+  const engine::ModelConfig& config() const override { return inner_->config(); }
+  std::string_view backend() const override { return inner_->backend(); }
+  uint64_t fingerprint() const override { return inner_->fingerprint(); }
+  engine::KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int kv_block_size() const override { return inner_->kv_block_size(); }
+  int64_t DecodeWeightBytes() const override { return inner_->DecodeWeightBytes(); }
+  std::span<const engine::KvRegion> kv_regions() const override { return inner_->kv_regions(); }
+  size_t LayerKvBytes(int n) const override { return inner_->LayerKvBytes(n); }
+  absl::Status ReadLayerKv(int layer, std::span<const int32_t> table, int n,
+                           std::span<std::byte> out) const override {
+    return inner_->ReadLayerKv(layer, table, n, out);
+  }
+  absl::Status WriteLayerKv(int layer, std::span<const int32_t> table, int n,
+                            std::span<const std::byte> in) override {
+    return inner_->WriteLayerKv(layer, table, n, in);
+  }
+
+ private:
+  engine::ModelRunner* const inner_;
+  absl::Mutex mu_;
+  int permits_ ABSL_GUARDED_BY(mu_) = 0;
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
+  auto decode = MakeDecode();
+  GatedRunner gated(prefill_runner_.get());
+  // One token per step: a 240-token prompt takes 240 steps.
+  auto prefill = MakePrefill(&gated, {.max_prefill_chunk_tokens = 1});
+  const std::vector<int32_t> prompt(240, 17);
+  engine::SamplingParams params{.max_tokens = 4};
+  auto stream = decode->Admit({.prompt = prompt, .sampling = params});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto ticket = prefill->Submit({.prompt = prompt,
+                                 .sampling = params,
+                                 .kv_session = Session(*prefill, prompt.size(), **stream)});
+  ASSERT_TRUE(ticket.ok());
+  gated.Allow(3);
+  // The fourth step is planned and waits at the gate: the prompt is mid-way.
+  for (int i = 0; i < 2000 && gated.started() < 3; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(gated.started(), 3);
+  prefill->Cancel(*ticket);
+  gated.Allow(1000);
+  auto outcome = Await(**ticket);
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kCancelled) << outcome.status();
+  EXPECT_LE(gated.started(), 4);             // the step in flight at the cancel, no more
+  EXPECT_FALSE(Drain(**stream).error.ok());  // the transfer was aborted
+  EXPECT_TRUE(DecodeEmpty(*decode));
+  EXPECT_TRUE(PrefillEmpty());
+}
+
+// A KV session that keeps Finish's `done` for the test to call.
+class HeldSession final : public kvtransfer::SendSession {
+ public:
+  absl::Status SendLayer(int, std::vector<std::byte>) override { return absl::OkStatus(); }
+  void Finish(int32_t, std::function<void(absl::Status)> done) override {
+    absl::MutexLock lock(&mu_);
+    done_ = std::move(done);
+  }
+  void Abort(const absl::Status&) override {}
+  static std::function<void(absl::Status)> Take(HeldSession* s) {
+    for (int i = 0; i < 2000; ++i) {
+      {
+        absl::MutexLock lock(&s->mu_);
+        if (s->done_) return std::move(s->done_);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::function<void(absl::Status)> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// Prefills a short prompt into a HeldSession; returns its `done` (empty on failure).
+std::function<void(absl::Status)> PrefillIntoHeldSession(prefill::PrefillEngine& prefill) {
+  auto session = std::make_unique<HeldSession>();
+  HeldSession* held = session.get();
+  auto ticket = prefill.Submit(
+      {.prompt = {1, 2, 3}, .sampling = {.max_tokens = 2}, .kv_session = std::move(session)});
+  if (!ticket.ok()) return nullptr;
+  absl::StatusOr<prefill::PrefillOutcome> out = absl::DeadlineExceededError("no outcome");
+  if (!(*ticket)->Wait(absl::Seconds(20), &out) || !out.ok()) return nullptr;
+  return HeldSession::Take(held);
+}
+
+TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) {
+  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Seconds(20)});
+  std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
+  ASSERT_TRUE(done);
+  // The receiver's ack arrives 200 ms into the destructor's wait.
+  std::thread acker([&done] {
+    absl::SleepFor(absl::Milliseconds(200));
+    done(absl::OkStatus());
+  });
+  const absl::Time start = absl::Now();
+  prefill.reset();
+  const absl::Duration waited = absl::Now() - start;
+  acker.join();
+  EXPECT_LT(waited, absl::Seconds(10)) << "the destructor slept through the ack";
+  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+}
+
+TEST_F(DisaggregatedEnginesTest, ASendCompletingAfterShutdownLeavesTheMetricsAlone) {
+  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Milliseconds(20)});
+  std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
+  ASSERT_TRUE(done);
+  prefill.reset();  // gives up waiting after 20 ms; the session is gone too
+  // The transport reports the transfer's end after the engine is gone (as
+  // a sender shutting down does): the engine's metrics must not be written.
+  done(absl::UnavailableError("kv sender shutting down"));
+  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(prefill_metrics_.kv_transfer_bytes.Value(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Unit tests for engine/kvcache/block_manager: allocation tables, exhaustion,
-// growth, forking, and invariants after a long seeded random workload.
-#include "engine/kvcache/block_manager.h"
+// Unit tests for engine/kvcache/kv_cache_manager: allocation tables, exhaustion,
+// growth, forking, content hashes with shared and evictable blocks, and
+// invariants after long seeded random workloads.
+#include "engine/kvcache/kv_cache_manager.h"
 
 #include <cstdint>
 #include <map>
@@ -16,14 +17,14 @@ namespace {
 
 using ::absl::StatusCode;
 
-std::vector<int32_t> Table(const BlockManager& bm, SeqId seq) {
+std::vector<int32_t> Table(const KvCacheManager& bm, SeqId seq) {
   auto t = bm.BlockTable(seq);
   return {t.begin(), t.end()};
 }
 
 // Checks that reference counts equal the number of tables holding each block,
 // the free list is exactly the set of unreferenced blocks, with no duplicates.
-void CheckInvariants(const BlockManager& bm, const std::vector<SeqId>& live) {
+void CheckInvariants(const KvCacheManager& bm, const std::vector<SeqId>& live) {
   std::vector<int> counted(bm.num_blocks(), 0);
   for (SeqId seq : live) {
     ASSERT_TRUE(bm.Contains(seq));
@@ -48,19 +49,19 @@ void CheckInvariants(const BlockManager& bm, const std::vector<SeqId>& live) {
   ASSERT_EQ(bm.num_used_blocks(), bm.num_blocks() - unreferenced);
 }
 
-TEST(BlockManagerTest, InitialState) {
-  BlockManager bm(8, 16);
+TEST(KvCacheManagerTest, InitialState) {
+  KvCacheManager bm(8, 16);
   EXPECT_EQ(bm.num_blocks(), 8);
   EXPECT_EQ(bm.block_size(), 16);
   EXPECT_EQ(bm.num_free_blocks(), 8);
   EXPECT_EQ(bm.num_used_blocks(), 0);
   EXPECT_DOUBLE_EQ(bm.usage_ratio(), 0.0);
   EXPECT_EQ(bm.num_sequences(), 0u);
-  EXPECT_DOUBLE_EQ(BlockManager(0, 16).usage_ratio(), 0.0);
+  EXPECT_DOUBLE_EQ(KvCacheManager(0, 16).usage_ratio(), 0.0);
 }
 
-TEST(BlockManagerTest, BlocksForTokens) {
-  BlockManager bm(8, 16);
+TEST(KvCacheManagerTest, BlocksForTokens) {
+  KvCacheManager bm(8, 16);
   const struct {
     int tokens;
     int blocks;
@@ -81,8 +82,8 @@ struct Step {
   std::vector<int32_t> table_a;  // BlockTable(a) afterwards
 };
 
-TEST(BlockManagerTest, TableDriven) {
-  BlockManager bm(6, 4);
+TEST(KvCacheManagerTest, TableDriven) {
+  KvCacheManager bm(6, 4);
   const std::vector<Step> steps = {
       {Step::kAlloc, 1, 5, StatusCode::kOk, 4, {0, 1}},
       {Step::kAlloc, 2, 4, StatusCode::kOk, 3, {2}},
@@ -125,8 +126,8 @@ TEST(BlockManagerTest, TableDriven) {
   }
 }
 
-TEST(BlockManagerTest, ExhaustionLeavesStateUnchangedAndNamesCounts) {
-  BlockManager bm(4, 8);
+TEST(KvCacheManagerTest, ExhaustionLeavesStateUnchangedAndNamesCounts) {
+  KvCacheManager bm(4, 8);
   ASSERT_TRUE(bm.Allocate(1, 20).ok());  // 3 blocks
   const std::vector<int32_t> before = Table(bm, 1);
   absl::Status st = bm.Allocate(2, 9);  // needs 2, 1 free
@@ -144,8 +145,8 @@ TEST(BlockManagerTest, ExhaustionLeavesStateUnchangedAndNamesCounts) {
   EXPECT_EQ(bm.Capacity(1), 24);
 }
 
-TEST(BlockManagerTest, ReserveGrowsAcrossBlockBoundaries) {
-  BlockManager bm(10, 4);
+TEST(KvCacheManagerTest, ReserveGrowsAcrossBlockBoundaries) {
+  KvCacheManager bm(10, 4);
   ASSERT_TRUE(bm.Allocate(7, 1).ok());
   for (int tokens = 1; tokens <= 40; ++tokens) {
     ASSERT_TRUE(bm.Reserve(7, tokens).ok()) << tokens;
@@ -157,8 +158,8 @@ TEST(BlockManagerTest, ReserveGrowsAcrossBlockBoundaries) {
   EXPECT_EQ(bm.Reserve(7, 41).code(), StatusCode::kResourceExhausted);
 }
 
-TEST(BlockManagerTest, ForkSharesBlocksAndFreesAfterBoth) {
-  BlockManager bm(8, 4);
+TEST(KvCacheManagerTest, ForkSharesBlocksAndFreesAfterBoth) {
+  KvCacheManager bm(8, 4);
   ASSERT_TRUE(bm.Allocate(1, 8).ok());
   ASSERT_TRUE(bm.Fork(1, 2).ok());
   EXPECT_EQ(Table(bm, 2), Table(bm, 1));
@@ -184,8 +185,8 @@ TEST(BlockManagerTest, ForkSharesBlocksAndFreesAfterBoth) {
   EXPECT_EQ(bm.num_sequences(), 0u);
 }
 
-TEST(BlockManagerTest, UsageRatio) {
-  BlockManager bm(4, 2);
+TEST(KvCacheManagerTest, UsageRatio) {
+  KvCacheManager bm(4, 2);
   ASSERT_TRUE(bm.Allocate(1, 2).ok());
   EXPECT_DOUBLE_EQ(bm.usage_ratio(), 0.25);
   ASSERT_TRUE(bm.Allocate(2, 3).ok());
@@ -198,8 +199,8 @@ TEST(BlockManagerTest, UsageRatio) {
   EXPECT_DOUBLE_EQ(bm.usage_ratio(), 0.25);
 }
 
-TEST(BlockManagerTest, UnknownSequenceQueries) {
-  BlockManager bm(4, 2);
+TEST(KvCacheManagerTest, UnknownSequenceQueries) {
+  KvCacheManager bm(4, 2);
   bm.Free(42);
   EXPECT_FALSE(bm.Contains(42));
   EXPECT_EQ(bm.Capacity(42), 0);
@@ -207,8 +208,8 @@ TEST(BlockManagerTest, UnknownSequenceQueries) {
   EXPECT_EQ(bm.num_free_blocks(), 4);
 }
 
-TEST(BlockManagerTest, RandomWorkloadKeepsInvariants) {
-  BlockManager bm(64, 16);
+TEST(KvCacheManagerTest, RandomWorkloadKeepsInvariants) {
+  KvCacheManager bm(64, 16);
   std::mt19937_64 rng(20240601);
   std::vector<SeqId> live;
   SeqId next_id = 1;
@@ -274,6 +275,118 @@ TEST(BlockManagerTest, RandomWorkloadKeepsInvariants) {
   EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
   EXPECT_EQ(bm.num_sequences(), 0u);
   for (int b = 0; b < bm.num_blocks(); ++b) EXPECT_EQ(bm.RefCount(b), 0);
+}
+
+TEST(KvCacheManagerTest, BlockHashesChainOverFullBlocksOnly) {
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9}, b = {1, 2, 3, 4, 5, 6, 7, 9};
+  const std::vector<uint64_t> ha = BlockHashes(a, 4), hb = BlockHashes(b, 4);
+  ASSERT_EQ(ha.size(), 2u);  // the partial third block has no hash
+  ASSERT_EQ(hb.size(), 2u);
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  // Chained: the same block after a different prefix hashes differently.
+  const std::vector<int32_t> c = {0, 0, 0, 0, 5, 6, 7, 8};
+  EXPECT_NE(BlockHashes(c, 4)[1], ha[1]);
+  EXPECT_EQ(ha[1], ChainBlockHash(ha[0], std::span<const int32_t>(a).subspan(4, 4)));
+}
+
+TEST(KvCacheManagerTest, CachedBlocksAreSharedThenEvictableThenReused) {
+  KvCacheManager bm(6, 4);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<uint64_t> hashes = BlockHashes(prompt, 4);  // 2 full blocks
+  ASSERT_EQ(bm.NumCachedBlocks(hashes), 0);
+  ASSERT_EQ(*bm.AllocateCached(1, hashes, 10), 0);
+  ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
+  EXPECT_EQ(bm.NumCachedBlocks(hashes), 2);
+  // A second sequence with the same prefix shares both full blocks.
+  EXPECT_EQ(bm.FreeBlocksNeeded(hashes, 10), 1);
+  ASSERT_EQ(*bm.AllocateCached(2, hashes, 10), 2);
+  EXPECT_EQ(Table(bm, 2)[0], Table(bm, 1)[0]);
+  EXPECT_EQ(Table(bm, 2)[1], Table(bm, 1)[1]);
+  EXPECT_NE(Table(bm, 2)[2], Table(bm, 1)[2]);
+  EXPECT_EQ(bm.RefCount(Table(bm, 1)[0]), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  // Both gone: the hashed blocks stay cached as evictable, still free.
+  const std::vector<int32_t> shared = {Table(bm, 1)[0], Table(bm, 1)[1]};
+  bm.Free(1);
+  bm.Free(2);
+  EXPECT_EQ(bm.num_free_blocks(), 6);
+  EXPECT_EQ(bm.num_evictable_blocks(), 2);
+  EXPECT_EQ(bm.NumCachedBlocks(hashes), 2);
+  // Reuse takes the evictable blocks out of the free pool.
+  EXPECT_EQ(bm.FreeBlocksNeeded(hashes, 10), 3);
+  ASSERT_EQ(*bm.AllocateCached(3, hashes, 10), 2);
+  EXPECT_EQ(Table(bm, 3)[0], shared[0]);
+  EXPECT_EQ(bm.num_evictable_blocks(), 0);
+  bm.Free(3);
+  // Plain free blocks go first; then the least recently freed cached block
+  // is evicted and forgets its content.
+  ASSERT_TRUE(bm.Allocate(4, 16).ok());
+  EXPECT_EQ(bm.num_evictable_blocks(), 2);
+  ASSERT_TRUE(bm.Allocate(5, 4).ok());
+  EXPECT_EQ(bm.num_evictable_blocks(), 1);
+  EXPECT_EQ(bm.num_free_blocks(), 1);
+  EXPECT_LT(bm.NumCachedBlocks(hashes), 2);
+  // Exhaustion changes nothing.
+  EXPECT_EQ(bm.AllocateCached(6, hashes, 12).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(bm.Contains(6));
+  EXPECT_EQ(bm.num_free_blocks(), 1);
+}
+
+TEST(KvCacheManagerTest, ADuplicateHashKeepsTheFirstBlock) {
+  KvCacheManager bm(8, 2);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const std::vector<uint64_t> hashes = BlockHashes(prompt, 2);
+  ASSERT_TRUE(bm.Allocate(1, 4).ok());
+  ASSERT_TRUE(bm.Allocate(2, 4).ok());  // computed the same prompt without a hit
+  ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
+  ASSERT_TRUE(bm.CommitBlockHashes(2, hashes).ok());
+  bm.Free(2);
+  EXPECT_EQ(bm.num_evictable_blocks(), 0);  // sequence 2's copies were never hashed
+  ASSERT_EQ(*bm.AllocateCached(3, hashes, 4), 2);
+  EXPECT_EQ(Table(bm, 3), Table(bm, 1));
+  EXPECT_EQ(bm.CommitBlockHashes(9, hashes).code(), StatusCode::kNotFound);
+  EXPECT_EQ(bm.CommitBlockHashes(1, BlockHashes(std::vector<int32_t>{1, 2, 3, 4, 5, 6}, 2)).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(KvCacheManagerTest, RandomCachedWorkloadKeepsInvariants) {
+  // Prompts drawn from a few shared prefixes, committed, freed and reused.
+  KvCacheManager bm(48, 4);
+  std::mt19937_64 rng(7);
+  std::vector<SeqId> live;
+  SeqId next_id = 1;
+  for (int op = 0; op < 5000; ++op) {
+    if (live.empty() || rng() % 3 != 0) {
+      std::vector<int32_t> prompt(4 * (1 + rng() % 5) + rng() % 4);
+      const int32_t family = static_cast<int32_t>(rng() % 4);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        prompt[i] = i < 8 ? family : static_cast<int32_t>(rng() % 3);
+      }
+      const std::vector<uint64_t> hashes = BlockHashes(prompt, 4);
+      const int free_before = bm.num_free_blocks();
+      const int needed = bm.FreeBlocksNeeded(hashes, static_cast<int>(prompt.size()));
+      const SeqId seq = next_id++;
+      absl::StatusOr<int> cached = bm.AllocateCached(seq, hashes, static_cast<int>(prompt.size()));
+      if (!cached.ok()) {
+        ASSERT_GT(needed, free_before);
+        ASSERT_EQ(bm.num_free_blocks(), free_before);
+        continue;
+      }
+      ASSERT_EQ(bm.num_free_blocks(), free_before - needed);
+      ASSERT_TRUE(bm.CommitBlockHashes(seq, hashes).ok());
+      live.push_back(seq);
+    } else {
+      const size_t idx = rng() % live.size();
+      bm.Free(live[idx]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(idx));
+    }
+    if (op % 101 == 0) {
+      ASSERT_NO_FATAL_FAILURE(CheckInvariants(bm, live));
+    }
+  }
+  for (SeqId seq : live) bm.Free(seq);
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
 }
 
 }  // namespace

@@ -1,0 +1,37 @@
+// Paged KV cache write. Per layer, K and V apart, each
+// [num_blocks, block_size, kv_heads, head_dim] bf16 (the CPU runner's layout
+// in bf16): token t of a sequence lives in block block_table[t / block_size],
+// slot t % block_size, i.e. at flat slot
+//   block_table[t / block_size] * block_size + t % block_size
+// (KvSlot). Row r of the fused qkv buffer (qkv + r * row_stride) holds its
+// k at column k_col and v at v_col, kv_size = kv_heads * head_dim values
+// each; it is written, rounded to bf16, to flat slot slots[r] (skipped when
+// negative).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "engine/cuda/cuda_compat.h"
+
+namespace pdserve::cuda {
+
+inline int64_t KvSlot(std::span<const int32_t> block_table, int t, int block_size) {
+  return int64_t{block_table[t / block_size]} * block_size + t % block_size;
+}
+
+struct KvWriteArgs {
+  int rows = 0;
+  int row_stride = 0;
+  int k_col = 0;
+  int v_col = 0;
+  int kv_size = 0;
+  const int64_t* slots = nullptr;  // [rows]
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+};
+
+cudaError_t WriteKvCache(const float* qkv, const KvWriteArgs& args, cudaStream_t stream);
+cudaError_t WriteKvCache(const __nv_bfloat16* qkv, const KvWriteArgs& args, cudaStream_t stream);
+
+}  // namespace pdserve::cuda

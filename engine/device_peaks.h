@@ -1,0 +1,43 @@
+// The peak rates of the device a backend computes on: the roofs of the
+// workers' roofline gauges (prefill MFU = achieved FLOP/s / peak FLOP/s,
+// decode bandwidth utilisation = achieved bytes/s / peak bytes/s).
+//
+// One place answers per backend:
+//   cpu   measured at start-up (engine/cpu/roofline.h: sgemm FLOP/s, triad
+//         bytes/s), in well under a second each;
+//   cuda  not yet: the CUDA backend reads them from its device (e.g. memory
+//         clock x bus width, and a cuBLAS GEMM run) and returns them from
+//         MeasurePeak. Until then the GPU overlay passes the datasheet
+//         figures as flags.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pdserve::engine {
+
+enum class PeakKind { kFlops, kMemoryBandwidth };
+
+struct PeakOptions {
+  std::string backend = "cpu";                      // as RunnerOptions::backend
+  int threads = 0;                                  // compute threads of the runner; 0: all cores
+  absl::Duration budget = absl::Milliseconds(150);  // per measurement
+};
+
+// FLOP/s or bytes/s of the backend's device; an error where the backend
+// cannot tell.
+absl::StatusOr<double> MeasurePeak(PeakKind kind, const PeakOptions& options);
+
+struct ResolvedPeak {
+  double value = 0;    // 0: unknown (the ratio gauge then stays 0)
+  std::string source;  // for the start-up log: the flag, the measurement, or why none
+};
+
+// A worker's peak: `flag_value` when > 0 (the command line overrides), else
+// MeasurePeak.
+ResolvedPeak ResolvePeak(PeakKind kind, double flag_value, const std::string& flag_name,
+                         const PeakOptions& options);
+
+}  // namespace pdserve::engine

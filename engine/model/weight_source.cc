@@ -1,0 +1,107 @@
+// WeightSource: see weight_source.h.
+#include "engine/model/weight_source.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/weights.h"
+
+namespace pdserve::engine {
+namespace {
+
+uint16_t LoadU16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+float TensorView::At(int64_t i) const {
+  switch (dtype) {
+    case StDtype::kBF16:
+      return Bf16ToFloat(LoadU16(bytes.data() + 2 * i));
+    case StDtype::kF16:
+      return HalfToFloat(LoadU16(bytes.data() + 2 * i));
+    default: {
+      float v;
+      std::memcpy(&v, bytes.data() + 4 * i, sizeof(v));
+      return v;
+    }
+  }
+}
+
+void TensorView::ToF32(std::span<float> out, int64_t begin) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (dtype == StDtype::kF32) {
+    if (n > 0) std::memcpy(out.data(), bytes.data() + 4 * begin, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = At(begin + i);
+}
+
+void TensorView::ToBf16(std::span<uint16_t> out, int64_t begin) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (dtype == StDtype::kBF16) {
+    if (n > 0) std::memcpy(out.data(), bytes.data() + 2 * begin, static_cast<size_t>(n) * 2);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(At(begin + i));
+}
+
+absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelConfig& config,
+                                                                 const std::string& model_dir) {
+  absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> checkpoint =
+      SafetensorsCheckpoint::Open(model_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return FromCheckpoint(config, *std::move(checkpoint));
+}
+
+absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::FromCheckpoint(
+    const ModelConfig& config, std::unique_ptr<SafetensorsCheckpoint> checkpoint) {
+  std::unique_ptr<WeightSource> source(new WeightSource(config));
+  for (WeightSpec& spec : ModelWeightSpecs(config)) {
+    const SafetensorsFile* file = nullptr;
+    const TensorInfo* info = checkpoint->Find(spec.name, &file);
+    if (info == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(checkpoint->path(), ": missing tensor \"", spec.name, "\""));
+    }
+    if (info->shape != spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", spec.name,
+                                                     "\" has shape ", ShapeString(info->shape),
+                                                     ", expected ", ShapeString(spec.shape)));
+    }
+    if (info->dtype != StDtype::kF32 && info->dtype != StDtype::kF16 &&
+        info->dtype != StDtype::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file->path(), ": tensor \"", spec.name, "\": dtype ",
+          std::string(StDtypeName(info->dtype)), " cannot be loaded (need F32, F16 or BF16)"));
+    }
+    source->index_.emplace(spec.name, source->tensors_.size());
+    source->tensors_.push_back(TensorView{.name = std::move(spec.name),
+                                          .dtype = info->dtype,
+                                          .shape = info->shape,
+                                          .num_elements = info->num_elements,
+                                          .bytes = file->RawBytes(*info)});
+  }
+  source->checkpoint_ = std::move(checkpoint);
+  std::vector<FingerprintTensor> sample;
+  for (const TensorView& t : source->tensors_) {
+    sample.push_back({&t.name, &t.shape, t.num_elements, [&t](int64_t j) { return t.At(j); }});
+  }
+  source->fingerprint_ = ComputeFingerprint(config, sample);
+  return source;
+}
+
+const TensorView* WeightSource::Find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorView* WeightSource::Layer(int layer, std::string_view suffix) const {
+  return Find(absl::StrCat("model.layers.", layer, ".", std::string(suffix)));
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,70 @@
+// The start-up peak measurements of the CPU backend (engine/cpu/roofline.h):
+// positive finite rates, within their time budget. The rates themselves are
+// not judged (machines differ); the workers' logs and gauges show them.
+#include "engine/cpu/roofline.h"
+
+#include <cmath>
+
+#include "absl/time/clock.h"
+#include "engine/device_peaks.h"
+#include "gtest/gtest.h"
+
+namespace pdserve::engine::cpu {
+namespace {
+
+// One pass of either measurement takes milliseconds; the slack covers a
+// pass started just before the deadline on a loaded machine.
+constexpr absl::Duration kBudget = absl::Milliseconds(200);
+constexpr absl::Duration kSlack = absl::Milliseconds(300);
+
+void ExpectSane(const RooflineMeasurement& m, absl::Duration wall) {
+  EXPECT_TRUE(std::isfinite(m.per_second));
+  EXPECT_GT(m.per_second, 0);
+  EXPECT_GE(m.passes, 1);
+  EXPECT_EQ(m.threads, 2);
+  EXPECT_LE(m.elapsed, wall);
+  EXPECT_LE(wall, kBudget + kSlack) << "passes: " << m.passes;
+}
+
+TEST(RooflineTest, TriadBandwidthIsPositiveFiniteAndWithinItsBudget) {
+  const absl::Time start = absl::Now();
+  const RooflineMeasurement m = MeasureTriadBandwidth(/*threads=*/2, kBudget);
+  ExpectSane(m, absl::Now() - start);
+  // Any memory system of this century moves more than 100 MB/s.
+  EXPECT_GT(m.per_second, 1e8);
+}
+
+TEST(RooflineTest, SgemmFlopsArePositiveFiniteAndWithinItsBudget) {
+  const absl::Time start = absl::Now();
+  const RooflineMeasurement m = MeasureSgemmFlops(/*threads=*/2, kBudget);
+  ExpectSane(m, absl::Now() - start);
+  EXPECT_GT(m.passes, 1) << "a 512^3 sgemm takes milliseconds";
+  EXPECT_GT(m.per_second, 1e8);
+}
+
+TEST(RooflineTest, ATinyBudgetStillMeasuresOnePass) {
+  const RooflineMeasurement m = MeasureSgemmFlops(/*threads=*/1, absl::ZeroDuration());
+  EXPECT_EQ(m.passes, 1);
+  EXPECT_GT(m.per_second, 0);
+}
+
+TEST(DevicePeaksTest, FlagOverridesMeasurementAndOtherBackendsSayUnknown) {
+  const ResolvedPeak flag = ResolvePeak(PeakKind::kFlops, 5e12, "peak_flops", {});
+  EXPECT_EQ(flag.value, 5e12);
+  EXPECT_NE(flag.source.find("--peak_flops"), std::string::npos) << flag.source;
+
+  const ResolvedPeak measured = ResolvePeak(PeakKind::kMemoryBandwidth, 0, "peak_memory_bandwidth",
+                                            {.backend = "cpu", .threads = 1});
+  EXPECT_GT(measured.value, 0);
+  EXPECT_NE(measured.source.find("measured"), std::string::npos) << measured.source;
+
+  const ResolvedPeak cuda =
+      ResolvePeak(PeakKind::kFlops, 0, "peak_flops", {.backend = "cuda", .threads = 1});
+  EXPECT_EQ(cuda.value, 0);
+  EXPECT_NE(cuda.source.find("--peak_flops"), std::string::npos) << cuda.source;
+  EXPECT_EQ(MeasurePeak(PeakKind::kFlops, {.backend = "cuda"}).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace pdserve::engine::cpu

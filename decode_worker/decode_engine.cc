@@ -16,28 +16,18 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-kvtransfer::TransferSpec BaseSpec(const engine::ModelRunner& runner) {
-  kvtransfer::TransferSpec spec;
-  spec.model_fingerprint = runner.fingerprint();
-  spec.dtype = std::string(engine::KvDtypeName(runner.kv_dtype()));
-  spec.bytes_per_element = engine::KvDtypeBytes(runner.kv_dtype());
-  spec.num_layers = runner.config().num_layers;
-  spec.num_kv_heads = runner.config().num_kv_heads;
-  spec.head_dim = runner.config().head_dim;
-  return spec;
-}
-
 }  // namespace
 
-// Receives one request's KV straight into its reserved blocks.
+// Follows one request's KV as the transport writes it into the reserved
+// blocks; its completion frees them on failure or starts the sequence.
 class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
  public:
-  Sink(DecodeEngine* engine, engine::SeqId seq, std::vector<int32_t> block_table, int num_tokens)
-      : engine_(engine), seq_(seq), block_table_(std::move(block_table)), num_tokens_(num_tokens) {}
+  Sink(DecodeEngine* engine, engine::SeqId seq) : engine_(engine), seq_(seq) {}
 
-  absl::Status OnLayer(int layer, std::span<const std::byte> payload) override {
-    engine_->metrics_->kv_received_bytes.Increment(static_cast<double>(payload.size()));
-    return engine_->runner_->WriteLayerKv(layer, block_table_, num_tokens_, payload);
+  absl::Status OnLayer(int layer, int token_begin, int num_tokens) override {
+    engine_->metrics_->kv_received_bytes.Increment(
+        static_cast<double>(engine_->runner_->LayerKvBytes(num_tokens)));
+    return absl::OkStatus();
   }
   void OnComplete(absl::StatusOr<int32_t> first_token) override {
     engine_->OnKvComplete(seq_, std::move(first_token));
@@ -46,8 +36,6 @@ class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
  private:
   DecodeEngine* const engine_;
   const engine::SeqId seq_;
-  const std::vector<int32_t> block_table_;
-  const int num_tokens_;
 };
 
 DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
@@ -57,7 +45,6 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       receiver_(receiver),
       metrics_(metrics),
       kv_endpoint_(receiver->endpoint()),
-      base_spec_(BaseSpec(*runner)),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
       scheduler_({.role = engine::SchedulerRole::kDecode,
                   .plan = {.max_num_seqs = options.max_running,
@@ -120,10 +107,10 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     UpdateGaugesLocked();
   }
 
-  kvtransfer::TransferSpec spec = base_spec_;
-  spec.num_tokens = prompt_len;
-  auto sink = std::make_shared<Sink>(this, stream->seq(), std::move(table), prompt_len);
-  if (absl::Status s = receiver_->Expect(stream->transfer_id(), spec, sink, options_.kv_timeout);
+  auto sink = std::make_shared<Sink>(this, stream->seq());
+  if (absl::Status s = receiver_->Expect(stream->transfer_id(),
+                                         kvtransfer::TransferSpecFor(*runner_, prompt_len),
+                                         std::move(table), sink, options_.kv_timeout);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
     DropLocked(stream->seq());

@@ -1,9 +1,10 @@
 // The decode worker's engine: the scheduler core (engine/scheduler) in its
 // decode role. Admission reserves KV blocks for the request and announces the
-// transfer; received KV is written straight into those blocks; when the KV
-// and the first token are in, the sequence joins continuous batching — one
-// step over every running sequence, sequences joining and leaving between
-// steps.
+// transfer with those blocks as its destination; the transport writes the
+// received KV straight into them; when the KV and the first token are in, the
+// sequence joins continuous batching — one step over every running sequence,
+// sequences joining and leaving between steps. A failed or cancelled
+// transfer's blocks are freed only once the transport has let go of them.
 //
 // Threads: one engine thread plans, runs and applies steps; transport threads
 // write received KV into blocks reserved for (and only touched by) their
@@ -117,7 +118,6 @@ class DecodeEngine {
   kvtransfer::KvReceiver* const receiver_;
   DecodeMetrics* const metrics_;
   const std::string kv_endpoint_;
-  const kvtransfer::TransferSpec base_spec_;  // num_tokens filled per request
   const double weight_bytes_;
 
   mutable absl::Mutex mu_;

@@ -75,8 +75,9 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
-  auto receiver = kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
-                                               absl::GetFlag(FLAGS_kv_port));
+  auto receiver =
+      kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
+                                   absl::GetFlag(FLAGS_kv_port), (*runner)->kv_regions());
   if (!receiver.ok()) {
     PDSERVE_LOG(ERROR) << "cannot start KV receiver: " << receiver.status();
     return 1;

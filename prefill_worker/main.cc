@@ -81,7 +81,8 @@ int Main() {
   RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
   // After the metrics: the sender's completion callbacks may still run while
   // it shuts down, and must find the metrics alive.
-  auto sender = kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport));
+  auto sender =
+      kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport), (*runner)->kv_regions());
   if (!sender.ok()) {
     PDSERVE_LOG(ERROR) << sender.status();
     return 1;

@@ -1,6 +1,7 @@
 // PrefillEngine and DecodeEngine in one process, joined by the real TCP KV
 // transport on loopback: the disaggregated path without gRPC, including its
 // failure paths (every one must free the KV on both sides).
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -76,10 +77,13 @@ class DisaggregatedEnginesTest : public ::testing::Test {
     model_ = WriteModel(3);
     prefill_runner_ = Runner(model_, 64);
     decode_runner_ = Runner(model_, 32);
-    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0);
+    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, decode_runner_->kv_regions());
     ASSERT_TRUE(receiver.ok());
     receiver_ = std::move(*receiver);
-    sender_ = kvtransfer::TcpKvSender::Create();
+  }
+  void TearDown() override {
+    // Engines first (the tests' locals), then the senders reading their runners.
+    senders_.clear();
   }
 
   std::unique_ptr<decode::DecodeEngine> MakeDecode(absl::Duration kv_timeout = absl::Seconds(10)) {
@@ -87,16 +91,31 @@ class DisaggregatedEnginesTest : public ::testing::Test {
         decode::DecodeEngineOptions{.max_running = 8, .kv_timeout = kv_timeout},
         decode_runner_.get(), receiver_.get(), &decode_metrics_);
   }
+  // A prefill engine on `runner`, with a KV sender reading that runner's regions.
   std::unique_ptr<prefill::PrefillEngine> MakePrefill(engine::ModelRunner* runner,
                                                       prefill::PrefillEngineOptions options = {}) {
-    return std::make_unique<prefill::PrefillEngine>(options, runner, &prefill_metrics_);
+    auto engine = std::make_unique<prefill::PrefillEngine>(options, runner, &prefill_metrics_);
+    auto sender = kvtransfer::TcpKvSender::Create(runner->kv_regions());
+    EXPECT_TRUE(sender.ok()) << sender.status();
+    senders_[engine.get()] = std::move(*sender);
+    return engine;
   }
+  kvtransfer::KvSender& SenderOf(prefill::PrefillEngine& prefill) { return *senders_[&prefill]; }
   // Opens a session from `prefill` to the reservation of `stream`.
   std::unique_ptr<kvtransfer::SendSession> Session(prefill::PrefillEngine& prefill, int tokens,
                                                    const decode::DecodeStream& stream) {
-    auto s = sender_->Open(receiver_->endpoint(), stream.transfer_id(), prefill.SpecFor(tokens));
+    auto s = SenderOf(prefill).Open(receiver_->endpoint(), stream.transfer_id(),
+                                    prefill.SpecFor(tokens));
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
+  }
+  // pdserve_kv_transfer_failures_total, every reason.
+  double Failures() {
+    double total = 0;
+    for (const auto& family : prefill_metrics_.kv_transfer_failures.Collect()) {
+      for (const auto& metric : family.metric) total += metric.counter.value;
+    }
+    return total;
   }
   static absl::StatusOr<prefill::PrefillOutcome> Await(prefill::PrefillTicket& ticket) {
     absl::StatusOr<prefill::PrefillOutcome> out = absl::DeadlineExceededError("test: no outcome");
@@ -127,7 +146,7 @@ class DisaggregatedEnginesTest : public ::testing::Test {
   std::unique_ptr<engine::ModelRunner> prefill_runner_;
   std::unique_ptr<engine::ModelRunner> decode_runner_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
-  std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::map<prefill::PrefillEngine*, std::unique_ptr<kvtransfer::KvSender>> senders_;
   prometheus::Registry registry_;
   decode::DecodeMetrics decode_metrics_{registry_};
   prometheus::Registry prefill_registry_;
@@ -175,8 +194,8 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   engine::SamplingParams params{.max_tokens = 8};
   auto stream = decode->Admit({.prompt = prompt, .sampling = params});
   ASSERT_TRUE(stream.ok());
-  auto session = sender_->Open(receiver_->endpoint(), (*stream)->transfer_id(),
-                               prefill->SpecFor(prompt.size()));
+  auto session = SenderOf(*prefill).Open(receiver_->endpoint(), (*stream)->transfer_id(),
+                                         prefill->SpecFor(prompt.size()));
   if (session.ok()) {  // the refusal may come with the handshake or later
     auto ticket =
         prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
@@ -187,10 +206,9 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   EXPECT_FALSE(d.error.ok());
   EXPECT_NE(d.error.message().find("fingerprint"), absl::string_view::npos) << d.error;
   EXPECT_TRUE(DecodeEmpty(*decode));
-  for (int i = 0; i < 200 && prefill_metrics_.kv_transfer_failures.Value() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_GE(prefill_metrics_.kv_transfer_failures.Value(), 1);
+  for (int i = 0; i < 200 && Failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(Failures(), 1);
+  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Add({{"reason", "refused"}}).Value(), Failures());
   EXPECT_TRUE(PrefillEmpty());
 }
 
@@ -436,7 +454,7 @@ TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
 // A KV session that keeps Finish's `done` for the test to call.
 class HeldSession final : public kvtransfer::SendSession {
  public:
-  absl::Status SendLayer(int, std::vector<std::byte>) override { return absl::OkStatus(); }
+  absl::Status SendLayer(const kvtransfer::LayerChunk&) override { return absl::OkStatus(); }
   void Finish(int32_t, std::function<void(absl::Status)> done) override {
     absl::MutexLock lock(&mu_);
     done_ = std::move(done);
@@ -470,6 +488,17 @@ std::function<void(absl::Status)> PrefillIntoHeldSession(prefill::PrefillEngine&
   return HeldSession::Take(held);
 }
 
+TEST_F(DisaggregatedEnginesTest, PromptBlocksAreHeldUntilTheSendIsDone) {
+  auto prefill = MakePrefill(prefill_runner_.get());
+  std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
+  ASSERT_TRUE(done);
+  // The first token is out, but the transport may still read the blocks.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GT(prefill_metrics_.kv_cache_usage.Value(), 0);
+  done(absl::OkStatus());
+  EXPECT_TRUE(PrefillEmpty());
+}
+
 TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) {
   auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Seconds(20)});
   std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
@@ -484,7 +513,7 @@ TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) 
   const absl::Duration waited = absl::Now() - start;
   acker.join();
   EXPECT_LT(waited, absl::Seconds(10)) << "the destructor slept through the ack";
-  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(Failures(), 0);
 }
 
 TEST_F(DisaggregatedEnginesTest, ASendCompletingAfterShutdownLeavesTheMetricsAlone) {
@@ -495,7 +524,7 @@ TEST_F(DisaggregatedEnginesTest, ASendCompletingAfterShutdownLeavesTheMetricsAlo
   // The transport reports the transfer's end after the engine is gone (as
   // a sender shutting down does): the engine's metrics must not be written.
   done(absl::UnavailableError("kv sender shutting down"));
-  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(Failures(), 0);
   EXPECT_EQ(prefill_metrics_.kv_transfer_bytes.Value(), 0);
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_blocks.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/wire.h"
@@ -412,10 +413,7 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
           absl::StrCat("kv transfer ", id, " already has a sender connection"));
     }
     t = it->second;
-    TransferSpec announced = tcp::SpecFromHeader(header, t->spec.bytes_per_element);
-    announced.layout = tcp::SanitizeUtf8(announced.layout, 64);
-    announced.dtype = tcp::SanitizeUtf8(announced.dtype, 64);
-    refusal = announced.CheckMatches(t->spec);
+    refusal = CheckHeader(header, t->spec);
     if (refusal.ok()) {
       t->conn = conn;
       return t;

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_blocks.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/wire.h"
@@ -729,7 +730,7 @@ absl::StatusOr<std::unique_ptr<SendSession>> TcpKvSender::Open(const std::string
   absl::StatusOr<tcp::HostPort> to = tcp::ParseTcpEndpoint(endpoint);
   if (!to.ok()) return to.status();
   const std::string where = absl::StrCat("kv transfer ", id);
-  const std::string header = tcp::MakeHeader(id, spec).SerializeAsString();
+  const std::string header = MakeHeader(id, spec).SerializeAsString();
   const auto header_bytes = std::as_bytes(std::span<const char>(header.data(), header.size()));
   // An idle pooled connection first; if its HEADER cannot be written (the
   // receiver went away meanwhile), one fresh connection.

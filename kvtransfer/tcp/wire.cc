@@ -135,32 +135,6 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte, kFrameH
   return header;
 }
 
-internal::v1::KvTransferHeader MakeHeader(TransferId id, const TransferSpec& spec) {
-  internal::v1::KvTransferHeader h;
-  h.set_transfer_id(id);
-  h.set_model_fingerprint(spec.model_fingerprint);
-  h.set_dtype(spec.dtype);
-  h.set_num_layers(spec.num_layers);
-  h.set_num_kv_heads(spec.num_kv_heads);
-  h.set_head_dim(spec.head_dim);
-  h.set_num_tokens(spec.num_tokens);
-  h.set_layout(spec.layout);
-  return h;
-}
-
-TransferSpec SpecFromHeader(const internal::v1::KvTransferHeader& header, int bytes_per_element) {
-  TransferSpec spec;
-  spec.model_fingerprint = header.model_fingerprint();
-  spec.dtype = header.dtype();
-  spec.num_layers = header.num_layers();
-  spec.num_kv_heads = header.num_kv_heads();
-  spec.head_dim = header.head_dim();
-  spec.num_tokens = header.num_tokens();
-  spec.layout = header.layout();
-  spec.bytes_per_element = bytes_per_element;
-  return spec;
-}
-
 absl::Status WriteFrame(Connection& conn, FrameType type, std::span<const std::byte> payload,
                         absl::Time deadline) {
   const auto header = EncodeFrameHeader(type, payload.size());

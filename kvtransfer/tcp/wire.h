@@ -43,7 +43,7 @@
 #include "absl/time/time.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/transport.h"
-#include "pdserve/internal/v1/worker.pb.h"
+#include "pdserve/internal/v1/kv_transfer.pb.h"
 
 namespace pdserve::kvtransfer::tcp {
 
@@ -81,11 +81,6 @@ std::string SanitizeUtf8(absl::string_view s, size_t max_bytes);
 
 void PutU32(uint32_t v, std::byte* out);
 uint32_t GetU32(const std::byte* in);
-
-internal::v1::KvTransferHeader MakeHeader(TransferId id, const TransferSpec& spec);
-// The spec `header` announces. The header carries no element size (the dtype
-// implies it), so `bytes_per_element` comes from the receiver's expectation.
-TransferSpec SpecFromHeader(const internal::v1::KvTransferHeader& header, int bytes_per_element);
 
 // ---- Frame I/O on a connection (one reader, one writer thread) ----
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
@@ -723,7 +724,7 @@ std::shared_ptr<tcp::Connection> RawConnect(const std::string& endpoint) {
 }
 
 absl::Status RawHandshake(tcp::Connection& conn, TransferId id, const TransferSpec& spec) {
-  const std::string header = tcp::MakeHeader(id, spec).SerializeAsString();
+  const std::string header = MakeHeader(id, spec).SerializeAsString();
   absl::Status s =
       tcp::WriteFrame(conn, tcp::FrameType::kHeader, std::as_bytes(std::span<const char>(header)),
                       absl::Now() + kWait);
@@ -827,7 +828,7 @@ INSTANTIATE_TEST_SUITE_P(
                     absl::StatusCode::kFailedPrecondition, "layer 0 missing"},
         GarbageCase{"HeaderAfterHandshake",
                     [](tcp::Connection& c, const TransferSpec& spec) {
-                      const std::string h = tcp::MakeHeader(30, spec).SerializeAsString();
+                      const std::string h = MakeHeader(30, spec).SerializeAsString();
                       ASSERT_TRUE(tcp::WriteFrame(c, tcp::FrameType::kHeader,
                                                   std::as_bytes(std::span<const char>(h)),
                                                   absl::Now() + kWait)

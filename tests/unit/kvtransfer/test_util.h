@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,39 +59,18 @@ inline engine::KvDtype DtypeOf(const TransferSpec& spec) {
   return engine::KvDtype::kF32;
 }
 
-// KV regions in host memory shaped for `spec` (num_layers layers of
-// num_blocks blocks of block_size tokens), filled with 0xee, and a block
-// allocator that hands out blocks in a shuffled order. Thread-safe.
-class HostKv {
+// Hands out block ids in a shuffled order and counts those in use (a leak
+// shows as a count above zero). Thread-safe.
+class BlockAllocator {
  public:
-  HostKv(const TransferSpec& spec, int num_blocks, int block_size, uint32_t seed = 1)
-      : token_bytes_(static_cast<int64_t>(spec.TokenBytes())) {
-    const int64_t stride = token_bytes_ * block_size;
-    storage_.resize(spec.num_layers);
-    for (int layer = 0; layer < spec.num_layers; ++layer) {
-      storage_[layer].assign(2 * static_cast<size_t>(stride) * num_blocks, std::byte{0xee});
-      std::byte* base = storage_[layer].data();
-      regions_.push_back({.layer = layer,
-                          .memory = engine::MemoryKind::kHost,
-                          .k_base = base,
-                          .v_base = base + stride * num_blocks,
-                          .block_stride_bytes = stride,
-                          .num_blocks = num_blocks,
-                          .block_size = block_size,
-                          .num_kv_heads = spec.num_kv_heads,
-                          .head_dim = spec.head_dim,
-                          .dtype = DtypeOf(spec)});
-    }
+  BlockAllocator(int num_blocks, int block_size, uint32_t seed) : block_size_(block_size) {
     for (int b = 0; b < num_blocks; ++b) free_.push_back(b);
     std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
   }
-
-  std::span<const engine::KvRegion> regions() const { return regions_; }
-  int block_size() const { return regions_[0].block_size; }
-
+  int block_size() const { return block_size_; }
   // Blocks for `num_tokens` tokens, or an empty table when they run out.
   std::vector<int32_t> Allocate(int num_tokens) {
-    const int n = (num_tokens + block_size() - 1) / block_size();
+    const int n = (num_tokens + block_size_ - 1) / block_size_;
     absl::MutexLock l(&mu_);
     if (static_cast<int>(free_.size()) < n) return {};
     std::vector<int32_t> table(free_.end() - n, free_.end());
@@ -107,6 +87,40 @@ class HostKv {
     absl::MutexLock l(&mu_);
     return in_use_;
   }
+
+ private:
+  const int block_size_;
+  absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
+  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// KV regions in host memory shaped for `spec` (num_layers layers of
+// num_blocks blocks of block_size tokens), filled with 0xee.
+class HostKv : public BlockAllocator {
+ public:
+  HostKv(const TransferSpec& spec, int num_blocks, int block_size, uint32_t seed = 1)
+      : BlockAllocator(num_blocks, block_size, seed),
+        token_bytes_(static_cast<int64_t>(spec.TokenBytes())) {
+    const int64_t stride = token_bytes_ * block_size;
+    storage_.resize(spec.num_layers);
+    for (int layer = 0; layer < spec.num_layers; ++layer) {
+      storage_[layer].assign(2 * static_cast<size_t>(stride) * num_blocks, std::byte{0xee});
+      std::byte* base = storage_[layer].data();
+      regions_.push_back({.layer = layer,
+                          .memory = engine::MemoryKind::kHost,
+                          .k_base = base,
+                          .v_base = base + stride * num_blocks,
+                          .block_stride_bytes = stride,
+                          .num_blocks = num_blocks,
+                          .block_size = block_size,
+                          .num_kv_heads = spec.num_kv_heads,
+                          .head_dim = spec.head_dim,
+                          .dtype = DtypeOf(spec)});
+    }
+  }
+
+  std::span<const engine::KvRegion> regions() const { return regions_; }
 
   // Scatters `payload` (K rows then V rows of tokens [0, n)) into the blocks.
   void WriteLayer(int layer, const std::vector<int32_t>& table,
@@ -132,9 +146,6 @@ class HostKv {
   const int64_t token_bytes_;
   std::vector<std::vector<std::byte>> storage_;
   std::vector<engine::KvRegion> regions_;
-  absl::Mutex mu_;
-  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
-  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Records every sink call. Thread-safe. `fail_on_layer` >= 0 makes OnLayer
@@ -144,20 +155,23 @@ class RecordingSink final : public ReceiveSink {
  public:
   explicit RecordingSink(int fail_on_layer = -1) : fail_on_layer_(fail_on_layer) {}
 
-  void Watch(const HostKv* kv, std::vector<int32_t> table, int num_tokens) {
+  // `read(layer)` returns a layer's bytes from the destination blocks.
+  void Watch(std::function<std::vector<std::byte>(int layer)> read, int num_tokens) {
     absl::MutexLock l(&mu_);
-    kv_ = kv;
-    table_ = std::move(table);
+    read_ = std::move(read);
     num_tokens_ = num_tokens;
+  }
+  void Watch(const HostKv* kv, std::vector<int32_t> table, int num_tokens) {
+    Watch([kv, table = std::move(table),
+           num_tokens](int layer) { return kv->ReadLayer(layer, table, num_tokens); },
+          num_tokens);
   }
 
   absl::Status OnLayer(int layer, int token_begin, int num_tokens) override {
     absl::MutexLock l(&mu_);
     if (complete_calls_ > 0) ++layers_after_complete_;
     ++layer_calls_;
-    if (kv_ != nullptr && token_begin + num_tokens == num_tokens_) {
-      layers_[layer] = kv_->ReadLayer(layer, table_, num_tokens_);
-    }
+    if (read_ && token_begin + num_tokens == num_tokens_) layers_[layer] = read_(layer);
     if (layer == fail_on_layer_) return absl::ResourceExhaustedError("no free KV blocks");
     return absl::OkStatus();
   }
@@ -200,8 +214,7 @@ class RecordingSink final : public ReceiveSink {
  private:
   const int fail_on_layer_;
   absl::Mutex mu_;
-  const HostKv* kv_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::vector<int32_t> table_ ABSL_GUARDED_BY(mu_);
+  std::function<std::vector<std::byte>(int)> read_ ABSL_GUARDED_BY(mu_);
   int num_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::vector<std::byte>> layers_ ABSL_GUARDED_BY(mu_);
   int layer_calls_ ABSL_GUARDED_BY(mu_) = 0;
@@ -241,14 +254,17 @@ class DoneWaiter {
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
-// One side of the test transfers: host regions shaped for `spec`, the
-// blocks of each transfer id, and helpers that stage payloads into them.
-class Side {
+// One side of the test transfers: KV regions (HostKv, or a device twin with
+// the same interface) and the blocks of each transfer id, allocated on
+// first use and given back by Release (when the transport lets go of them).
+template <typename Kv>
+class SideOf {
  public:
-  Side(const TransferSpec& spec, int num_blocks, int block_size, uint32_t seed)
-      : kv_(spec, num_blocks, block_size, seed) {}
-  HostKv& kv() { return kv_; }
+  template <typename... Args>
+  explicit SideOf(Args&&... args) : kv_(std::forward<Args>(args)...) {}
+  Kv& kv() { return kv_; }
   std::span<const engine::KvRegion> regions() const { return kv_.regions(); }
+  int blocks_in_use() { return kv_.blocks_in_use(); }
 
   // The blocks of transfer `id` (allocated on first use, for `num_tokens`).
   const std::vector<int32_t>& Table(TransferId id, int num_tokens) {
@@ -257,7 +273,6 @@ class Side {
     if (inserted) it->second = kv_.Allocate(num_tokens);
     return it->second;
   }
-  // Frees transfer `id`'s blocks.
   void Release(TransferId id) {
     std::vector<int32_t> table;
     {
@@ -271,10 +286,11 @@ class Side {
   }
 
  private:
-  HostKv kv_;
+  Kv kv_;
   absl::Mutex mu_;
   std::map<TransferId, std::vector<int32_t>> tables_ ABSL_GUARDED_BY(mu_);
 };
+using Side = SideOf<HostKv>;
 
 // Sends layer `layer`'s `payload` of transfer `id` from `side`: stages it
 // into the transfer's blocks and queues the whole layer.

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/transport.h"
 #include "test_util.h"
@@ -85,10 +86,10 @@ TEST(ValidateSpecTest, AcceptsGoodRejectsBad) {
 
 TEST(HeaderTest, RoundTripsSpec) {
   const TransferSpec spec = SmallSpec();
-  const internal::v1::KvTransferHeader h = tcp::MakeHeader(42, spec);
+  const internal::v1::KvTransferHeader h = MakeHeader(42, spec);
   EXPECT_EQ(h.transfer_id(), 42u);
   EXPECT_EQ(h.layout(), "paged_nhd");
-  EXPECT_TRUE(tcp::SpecFromHeader(h, spec.bytes_per_element).CheckMatches(spec).ok());
+  EXPECT_TRUE(SpecFromHeader(h, spec.bytes_per_element).CheckMatches(spec).ok());
 }
 
 TEST(EndpointTest, ParsesIpv4NamesAndBracketedIpv6) {

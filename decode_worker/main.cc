@@ -22,13 +22,21 @@
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "kvtransfer/transport_factory.h"
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+#include "kvtransfer/device/register.h"
+#endif
 
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, metrics and KV servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
-ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "KV transport: tcp, or nccl (CUDA builds, device KV: NCCL between GPUs, CUDA IPC between "
+          "workers on one GPU)");
+ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
+          "nccl: a transfer that makes no progress this long fails its pair of workers (the "
+          "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(int, kv_port, 0, "KV receiver port (0: any free port)");
 ABSL_FLAG(std::string, router, "",
           "Router address (host:port) to register with; empty: do not register");
@@ -75,6 +83,10 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+  kvtransfer::device::RegisterDeviceKvTransports(
+      {.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms))});
+#endif
   auto receiver =
       kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
                                    absl::GetFlag(FLAGS_kv_port), (*runner)->kv_regions());

@@ -20,6 +20,9 @@
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "kvtransfer/transport_factory.h"
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+#include "kvtransfer/device/register.h"
+#endif
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
 
@@ -28,7 +31,12 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
-ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "KV transport: tcp, or nccl (CUDA builds, device KV: NCCL between GPUs, CUDA IPC between "
+          "workers on one GPU)");
+ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
+          "nccl: a transfer that makes no progress this long fails its pair of workers (the "
+          "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(std::string, router, "",
           "Router address (host:port) to register with; empty: do not register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
@@ -81,6 +89,10 @@ int Main() {
   RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
   // After the metrics: the sender's completion callbacks may still run while
   // it shuts down, and must find the metrics alive.
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+  kvtransfer::device::RegisterDeviceKvTransports(
+      {.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms))});
+#endif
   auto sender =
       kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport), (*runner)->kv_regions());
   if (!sender.ok()) {

@@ -95,10 +95,12 @@ class DeviceKv : public BlockAllocator {
 };
 using DeviceSide = SideOf<DeviceKv>;
 
-// Skips where no CUDA device is usable (the gpu-labelled build without one).
-inline bool DeviceUsable(int* count) {
-  *count = 0;
-  return cudaGetDeviceCount(count) == cudaSuccess && *count > 0;
+// The transfer shape of the tests whose peer runs in another process.
+inline TransferSpec PeerShape() {
+  TransferSpec s = SmallSpec(4, 24);
+  s.dtype = "bf16";
+  s.bytes_per_element = 2;
+  return s;
 }
 
 }  // namespace pdserve::kvtransfer::testing

@@ -47,9 +47,8 @@ using ::testing::HasSubstr;
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 TransferSpec Shape(int num_tokens = 24) {
-  TransferSpec s = kvtransfer::testing::SmallSpec(4, num_tokens);
-  s.dtype = "bf16";
-  s.bytes_per_element = 2;
+  TransferSpec s = kvtransfer::testing::PeerShape();
+  s.num_tokens = num_tokens;
   return s;
 }
 

@@ -43,6 +43,11 @@ absl::Status Invalid(std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", Absl(what)));
 }
 
+// `s` as an error of the file's section `where`, keeping its code.
+absl::Status InFile(const absl::Status& s, std::string_view where) {
+  return absl::Status(s.code(), absl::StrCat("tokenizer.json: ", Absl(where), ": ", s.message()));
+}
+
 // `obj[key]` as a bool; `fallback` when absent or null.
 absl::StatusOr<bool> GetBool(const Json& obj, const char* key, bool fallback) {
   auto it = obj.find(key);
@@ -524,7 +529,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
     return s;
   }
   absl::StatusOr<Normalizer> normalizer = Normalizer::Create(std::move(normalizer_steps));
-  if (!normalizer.ok()) return Invalid(absl::StrCat("normalizer: ", normalizer.status().message()));
+  if (!normalizer.ok()) return InFile(normalizer.status(), "normalizer");
   impl->normalizer = *std::move(normalizer);
 
   std::vector<PreTokenizerStep> steps;
@@ -532,7 +537,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
     return s;
   }
   absl::StatusOr<PreTokenizer> pre = PreTokenizer::Create(std::move(steps));
-  if (!pre.ok()) return Invalid(absl::StrCat("pre_tokenizer: ", pre.status().message()));
+  if (!pre.ok()) return InFile(pre.status(), "pre_tokenizer");
   impl->byte_level = pre->has_byte_level();
   impl->pre_tokenizer = *std::move(pre);
   std::vector<DecoderStep> decoder_steps;
@@ -540,7 +545,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
     return s;
   }
   absl::StatusOr<Decoder> decoder = Decoder::Create(std::move(decoder_steps));
-  if (!decoder.ok()) return Invalid(absl::StrCat("decoder: ", decoder.status().message()));
+  if (!decoder.ok()) return InFile(decoder.status(), "decoder");
   if (!impl->byte_level) impl->decoder = *std::move(decoder);
 
   // --- model ---

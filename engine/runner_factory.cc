@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
   CpuRunnerOptions cpu;
   cpu.kv_block_size = options.kv_block_size;
   cpu.num_threads = options.num_threads;
-  cpu.bf16_weights = options.bf16_weights;
+  cpu.weight_dtype = options.weight_dtype;
   cpu.num_kv_blocks = options.num_kv_blocks;
   if (cpu.num_kv_blocks == 0) {
     // fp32 KV: bytes per block = block_size * 2 * layers * kv_heads * head_dim * 4.

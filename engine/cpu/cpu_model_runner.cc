@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,31 +35,23 @@ CpuModelRunner::CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions
       block_size_(options.kv_block_size),
       num_blocks_(options.num_kv_blocks),
       num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_num_procs()),
-      bf16_weights_(options.bf16_weights) {}
+      weight_dtype_(options.weight_dtype) {}
 
-CpuModelRunner::Matrix CpuModelRunner::MakeMatrix(std::vector<float> values) const {
-  Matrix m;
-  const int64_t n = static_cast<int64_t>(values.size());
-  if (bf16_weights_ && cpu::IsBf16Exact(values.data(), n)) {
-    m.bf16 = cpu::ToBf16(values.data(), n);
-  } else {
-    m.f32 = std::move(values);
-  }
-  return m;
+CpuModelRunner::Matrix CpuModelRunner::MakeMatrix(const std::vector<float>& values, int64_t rows,
+                                                  int64_t cols) const {
+  return Matrix::FromF32(values, rows, cols, weight_dtype_);
 }
 
-void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const {
-  if (!w.bf16.empty()) {
-    cpu::MatMulTransBBf16(x, w.bf16.data(), y, m, n, k, num_threads_);
-  } else {
-    cpu::MatMulTransB(x, w.f32.data(), y, m, n, k, num_threads_);
-  }
+void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m,
+                            [[maybe_unused]] int n, [[maybe_unused]] int k) const {
+  assert(w.rows() == n && w.cols() == k);
+  w.MatMul(x, y, m, num_threads_);
 }
 
 int64_t CpuModelRunner::DecodeWeightBytes() const {
   // Of the input embedding a step reads one row per sequence: counted as
   // none, unless it is also the LM head.
-  int64_t bytes = lm_head_.bytes() > 0 ? lm_head_.bytes() : embed_.bytes();
+  int64_t bytes = !lm_head_.empty() ? lm_head_.bytes() : embed_.bytes();
   for (const Layer& l : layers_) {
     bytes += l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes();
     bytes += static_cast<int64_t>((l.input_norm.size() + l.post_norm.size() + l.bqkv.size() +
@@ -119,27 +112,31 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(config, options));
   cpu::InitBlasThreading();
   r->fingerprint_ = weights.fingerprint;
-  r->embed_ = r->MakeMatrix(std::move(weights.embed_tokens));
+  r->embed_ = r->MakeMatrix(weights.embed_tokens, vocab, h);
+  weights.embed_tokens = {};
   r->final_norm_ = std::move(weights.final_norm);
   r->inv_freq_ = config.RopeInverseFrequencies();
-  if (!weights.lm_head.empty()) r->lm_head_ = r->MakeMatrix(std::move(weights.lm_head));
+  if (!weights.lm_head.empty()) r->lm_head_ = r->MakeMatrix(weights.lm_head, vocab, h);
+  weights.lm_head = {};
   r->layers_.reserve(weights.layers.size());
   for (LayerWeights& l : weights.layers) {
     Layer layer;
     layer.input_norm = std::move(l.input_norm);
     std::vector<float> qk = Concat(l.q_proj, l.k_proj);
-    layer.wqkv = r->MakeMatrix(Concat(qk, l.v_proj));
+    layer.wqkv = r->MakeMatrix(Concat(qk, l.v_proj), q + 2 * kv, h);
     if (config.qkv_bias) {
       std::vector<float> qk_bias = Concat(l.q_bias, l.k_bias);
       layer.bqkv = Concat(qk_bias, l.v_bias);
     }
     layer.q_norm = std::move(l.q_norm);
     layer.k_norm = std::move(l.k_norm);
-    layer.wo = r->MakeMatrix(std::move(l.o_proj));
+    layer.wo = r->MakeMatrix(l.o_proj, h, q);
+    l.o_proj = {};
     layer.bo = std::move(l.o_bias);
     layer.post_norm = std::move(l.post_norm);
-    layer.wgu = r->MakeMatrix(Concat(l.gate_proj, l.up_proj));
-    layer.wdown = r->MakeMatrix(std::move(l.down_proj));
+    layer.wgu = r->MakeMatrix(Concat(l.gate_proj, l.up_proj), 2 * inter, h);
+    layer.wdown = r->MakeMatrix(l.down_proj, h, inter);
+    l.down_proj = {};
     r->layers_.push_back(std::move(layer));
   }
   try {
@@ -199,11 +196,7 @@ void CpuModelRunner::Embed(std::span<const int32_t> tokens) {
   const int64_t m = static_cast<int64_t>(tokens.size());
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
   for (int64_t r = 0; r < m; ++r) {
-    if (!embed_.bf16.empty()) {
-      cpu::Bf16ToFloat(&embed_.bf16[tokens[r] * h], &scratch_.x[r * h], h);
-    } else {
-      std::memcpy(&scratch_.x[r * h], &embed_.f32[tokens[r] * h], h * sizeof(float));
-    }
+    embed_.RowsToFloat(tokens[r], 1, &scratch_.x[r * h]);
   }
 }
 
@@ -266,7 +259,7 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
                  &scratch_.xn[int64_t{i} * h], 1, h, config_.rms_norm_eps, 1);
   }
   logits.resize(static_cast<size_t>(b) * vocab);
-  const Matrix& head = lm_head_.bytes() > 0 ? lm_head_ : embed_;
+  const Matrix& head = !lm_head_.empty() ? lm_head_ : embed_;
   MatMul(scratch_.xn.data(), head, logits.data(), b, vocab, h);
 }
 

@@ -229,13 +229,14 @@ class ForwardTest : public testing::TestWithParam<ModelCase> {
     ref_ = std::make_unique<ReferenceModel>(config_, dir_);
     runner_ = NewRunner();
   }
-  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64, bool bf16_weights = true) {
+  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64,
+                                         WeightDtype weight_dtype = WeightDtype::kAuto) {
     RunnerOptions o;
     o.model_dir = dir_;
     o.kv_block_size = 4;
     o.num_kv_blocks = num_blocks;
     o.num_threads = 2;
-    o.bf16_weights = bf16_weights;
+    o.weight_dtype = weight_dtype;
     auto r = CreateModelRunner(o);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
@@ -279,7 +280,7 @@ TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
 // step reads) and give the logits of the same numbers in fp32; other dtypes
 // are stored in fp32.
 TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
-  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, /*bf16_weights=*/false);
+  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, WeightDtype::kF32);
   ASSERT_NE(fp32, nullptr);
   if (GetParam().dtype == "bf16") {
     EXPECT_LT(runner_->DecodeWeightBytes(), fp32->DecodeWeightBytes() * 0.52);
@@ -299,6 +300,37 @@ TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
     ASSERT_TRUE(runner_->Decode({&d, 1}, a).ok());
     ASSERT_TRUE(fp32->Decode({&d, 1}, b).ok());
     EXPECT_LT(RelDiff(a, b), 1e-5) << "step " << step;
+  }
+}
+
+// Lossy storage, asked for: every matrix rounded to bf16, or quantized to
+// int8 in groups of 32 (scale max|w|/127, so each weight moves by at most
+// 0.4% of its group's largest). Logits stay within a bound of the fp32
+// reference: kBf16Tol and kInt8Tol times max(1, max |logit|), over prefill
+// and decode; decode reads about 0.28 of the fp32 weight bytes in int8.
+TEST_P(ForwardTest, LossyWeightDtypesStayNearTheReference) {
+  constexpr double kBf16Tol = 2e-2, kInt8Tol = 3e-2;
+  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, WeightDtype::kF32);
+  for (const auto& [dtype, tol] :
+       {std::pair{WeightDtype::kBf16, kBf16Tol}, std::pair{WeightDtype::kInt8, kInt8Tol}}) {
+    std::unique_ptr<ModelRunner> lossy = NewRunner(64, dtype);
+    ASSERT_NE(lossy, nullptr);
+    const double ratio = static_cast<double>(lossy->DecodeWeightBytes()) /
+                         static_cast<double>(fp32->DecodeWeightBytes());
+    EXPECT_LT(ratio, dtype == WeightDtype::kInt8 ? 0.30 : 0.52) << WeightDtypeName(dtype);
+    std::vector<int32_t> tokens = Tokens(9, vocab(), 6);
+    const std::vector<int32_t> table = {0, 1, 2, 3, 4};
+    const PrefillSequence seq{tokens, table};
+    std::vector<float> logits;
+    ASSERT_TRUE(lossy->Prefill({&seq, 1}, nullptr, logits).ok());
+    EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), tol) << WeightDtypeName(dtype);
+    for (int step = 0; step < 4; ++step) {
+      const DecodeSequence d{(step * 31 + 2) % vocab(), static_cast<int32_t>(tokens.size()), table};
+      tokens.push_back(d.token);
+      ASSERT_TRUE(lossy->Decode({&d, 1}, logits).ok());
+      EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), tol)
+          << WeightDtypeName(dtype) << " step " << step;
+    }
   }
 }
 

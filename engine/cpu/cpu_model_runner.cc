@@ -28,6 +28,12 @@ std::vector<float> Concat(std::vector<float>& a, std::vector<float>& b) {
   return out;
 }
 
+// Decode attention reads each cached K and V row this many positions after
+// prefetching it: the rows of one head are a KV row apart, a stride the
+// hardware prefetchers do not follow, and the weights streamed every step
+// have evicted them from cache.
+constexpr int kKvPrefetch = 8;
+
 }  // namespace
 
 CpuModelRunner::CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions& options)
@@ -412,12 +418,18 @@ absl::Status CpuModelRunner::Decode(std::span<const DecodeSequence> seqs,
         const float* qv =
             &scratch_.qkv[int64_t{b} * (q + 2 * config_.kv_size()) + int64_t{head} * hd];
         for (int j = 0; j < len; ++j) {
+          if (j + kKvPrefetch < len) {
+            cpu::Prefetch(k_cache + SlotOffset(table, first + j + kKvPrefetch) + kv_col, hd);
+          }
           scores[j] = cpu::Dot(qv, k_cache + SlotOffset(table, first + j) + kv_col, hd) * scale;
         }
         cpu::Softmax(scores.data(), len);
         float* out = &scratch_.attn[int64_t{b} * q + int64_t{head} * hd];
         std::fill(out, out + hd, 0.0f);
         for (int j = 0; j < len; ++j) {
+          if (j + kKvPrefetch < len) {
+            cpu::Prefetch(v_cache + SlotOffset(table, first + j + kKvPrefetch) + kv_col, hd);
+          }
           cpu::Axpy(scores[j], v_cache + SlotOffset(table, first + j) + kv_col, out, hd);
         }
       }

@@ -2,11 +2,19 @@
 #include "engine/cpu/kernels.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
+// placeholder operands (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "engine/cpu/kernels_gemv.h"
 
 namespace pdserve::engine::cpu {
 
@@ -102,15 +110,43 @@ void AddBias(float* y, const float* bias, int rows, int n, int num_threads) {
 }
 
 float Dot(const float* a, const float* b, int n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < n; ++i) sum += a[i] * b[i];
+  float sum;
+  GemvF32(a, b, &sum, 1, n, BestIsa());
   return sum;
 }
 
-void Axpy(float a, const float* x, float* y, int n) {
+namespace {
+
+void AxpyPortable(float a, const float* x, float* y, int n) {
 #pragma omp simd
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void AxpyAvx512(float a, const float* x, float* y, int n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(
+        y + i, m,
+        _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+#endif
+
+}  // namespace
+
+void Axpy(float a, const float* x, float* y, int n) {
+#if defined(__x86_64__)
+  // Attention calls this once per (head, position): the portable loop,
+  // built for the baseline x86-64 target, is 4 lanes wide.
+  if (BestIsa() == Isa::kAvx512) return AxpyAvx512(a, x, y, n);
+#endif
+  AxpyPortable(a, x, y, n);
 }
 
 void Softmax(float* x, int n) {

@@ -54,9 +54,14 @@ void AddInPlace(float* y, const float* x, int64_t n, int num_threads);
 // y[r, i] += bias[i] for `rows` rows of `n`.
 void AddBias(float* y, const float* bias, int rows, int n, int num_threads);
 
+// Dot and Axpy run the widest instructions the CPU has (kernels_gemv.h).
 float Dot(const float* a, const float* b, int n);
 // y[i] += a * x[i].
 void Axpy(float a, const float* x, float* y, int n);
+// Asks the CPU to bring x[0..n) into cache (a hint: no effect on results).
+inline void Prefetch(const float* x, int n) {
+  for (int i = 0; i < n; i += 16) __builtin_prefetch(x + i);
+}
 // In-place softmax of x[0..n), n >= 1; max-subtracted for stability.
 void Softmax(float* x, int n);
 

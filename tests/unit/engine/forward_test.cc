@@ -309,7 +309,7 @@ TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
 // reference: kBf16Tol and kInt8Tol times max(1, max |logit|), over prefill
 // and decode; decode reads about 0.28 of the fp32 weight bytes in int8.
 TEST_P(ForwardTest, LossyWeightDtypesStayNearTheReference) {
-  constexpr double kBf16Tol = 2e-2, kInt8Tol = 3e-2;
+  constexpr double kBf16Tol = 2e-2, kInt8Tol = 5e-2;  // int8: as tests/reference
   std::unique_ptr<ModelRunner> fp32 = NewRunner(64, WeightDtype::kF32);
   for (const auto& [dtype, tol] :
        {std::pair{WeightDtype::kBf16, kBf16Tol}, std::pair{WeightDtype::kInt8, kInt8Tol}}) {

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -39,6 +40,9 @@ constexpr int kKvPrefetch = 8;
 CpuModelRunner::CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions& options)
     : config_(config),
       block_size_(options.kv_block_size),
+      block_shift_(std::has_single_bit(static_cast<unsigned>(options.kv_block_size))
+                       ? std::countr_zero(static_cast<unsigned>(options.kv_block_size))
+                       : -1),
       num_blocks_(options.num_kv_blocks),
       num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_num_procs()),
       weight_dtype_(options.weight_dtype) {}
@@ -175,7 +179,12 @@ absl::Status CpuModelRunner::CheckBlockTable(std::span<const int32_t> table, int
 }
 
 int64_t CpuModelRunner::SlotOffset(std::span<const int32_t> table, int t) const {
-  const int64_t slot = int64_t{table[t / block_size_]} * block_size_ + t % block_size_;
+  // Decode attention asks this for every cached position: shifts, not
+  // divisions, for the usual power-of-two block sizes.
+  const int64_t slot =
+      block_shift_ >= 0
+          ? (int64_t{table[t >> block_shift_]} << block_shift_) | (t & (block_size_ - 1))
+          : int64_t{table[t / block_size_]} * block_size_ + t % block_size_;
   return slot * config_.kv_size();
 }
 

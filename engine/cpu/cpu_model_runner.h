@@ -127,6 +127,7 @@ class CpuModelRunner : public ModelRunner {
   const ModelConfig config_;
   uint64_t fingerprint_ = 0;
   int block_size_;
+  int block_shift_;  // log2(block_size_) when a power of two, else -1
   int num_blocks_;
   int num_threads_;
   WeightDtype weight_dtype_;

@@ -109,13 +109,14 @@ void AddBias(float* y, const float* bias, int rows, int n, int num_threads) {
   }
 }
 
-float Dot(const float* a, const float* b, int n) {
-  float sum;
-  GemvF32(a, b, &sum, 1, n, BestIsa());
+namespace {
+
+float DotPortable(const float* a, const float* b, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-
-namespace {
 
 void AxpyPortable(float a, const float* x, float* y, int n) {
 #pragma omp simd
@@ -123,6 +124,20 @@ void AxpyPortable(float a, const float* x, float* y, int n) {
 }
 
 #if defined(__x86_64__)
+__attribute__((target("avx512f"))) float DotAvx512(const float* a, const float* b, int n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = static_cast<__mmask16>((1u << std::min(16, n - i)) - 1);
+    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
 __attribute__((target("avx512f"))) void AxpyAvx512(float a, const float* x, float* y, int n) {
   const __m512 av = _mm512_set1_ps(a);
   int i = 0;
@@ -140,10 +155,17 @@ __attribute__((target("avx512f"))) void AxpyAvx512(float a, const float* x, floa
 
 }  // namespace
 
+// Attention calls Dot and Axpy once per (head, position): the portable
+// loops, built for the baseline x86-64 target, are 4 lanes wide.
+float Dot(const float* a, const float* b, int n) {
+#if defined(__x86_64__)
+  if (BestIsa() == Isa::kAvx512) return DotAvx512(a, b, n);
+#endif
+  return DotPortable(a, b, n);
+}
+
 void Axpy(float a, const float* x, float* y, int n) {
 #if defined(__x86_64__)
-  // Attention calls this once per (head, position): the portable loop,
-  // built for the baseline x86-64 target, is 4 lanes wide.
   if (BestIsa() == Isa::kAvx512) return AxpyAvx512(a, x, y, n);
 #endif
   AxpyPortable(a, x, y, n);

@@ -334,6 +334,29 @@ TEST_P(ForwardTest, LossyWeightDtypesStayNearTheReference) {
   }
 }
 
+// Slots are addressed with shifts for power-of-two block sizes and with
+// division otherwise: both give the reference's logits.
+TEST_P(ForwardTest, BlockSizeThatIsNoPowerOfTwoAddressesTheSameTokens) {
+  RunnerOptions o;
+  o.model_dir = dir_;
+  o.kv_block_size = 3;
+  o.num_kv_blocks = 16;
+  o.num_threads = 2;
+  auto odd = CreateModelRunner(o);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  std::vector<int32_t> tokens = Tokens(5, vocab(), 8);
+  const std::vector<int32_t> table = {7, 2, 11, 0, 5};  // 15 slots
+  const PrefillSequence seq{tokens, table};
+  std::vector<float> logits;
+  ASSERT_TRUE((*odd)->Prefill({&seq, 1}, nullptr, logits).ok());
+  for (int step = 0; step < 6; ++step) {
+    const DecodeSequence d{(step * 29 + 4) % vocab(), static_cast<int32_t>(tokens.size()), table};
+    tokens.push_back(d.token);
+    ASSERT_TRUE((*odd)->Decode({&d, 1}, logits).ok());
+    EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), kTol) << "step " << step;
+  }
+}
+
 TEST_P(ForwardTest, DecodeStepsMatchReference) {
   std::vector<int32_t> seq_tokens = Tokens(7, vocab(), 2);
   const std::vector<int32_t> table = {3, 9, 1, 12, 6};  // 20 slots

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/cpu/kernels.h"
@@ -270,6 +271,25 @@ TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
           .ok());
   EXPECT_FALSE(
       WeightMatrix::FromRaw(StDtype::kI16, bytes_of(bf16), rows, cols, WeightDtype::kAuto).ok());
+}
+
+TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
+                            WeightDtype::kInt8}) {
+    absl::StatusOr<WeightDtype> parsed = ParseWeightDtype(WeightDtypeName(dtype));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, dtype);
+    WeightDtype flag = WeightDtype::kAuto;
+    std::string error;
+    EXPECT_TRUE(AbslParseFlag(AbslUnparseFlag(dtype), &flag, &error)) << error;
+    EXPECT_EQ(flag, dtype);
+  }
+  EXPECT_EQ(ParseWeightDtype("fp16").status().code(), absl::StatusCode::kInvalidArgument);
+  WeightDtype flag = WeightDtype::kF32;
+  std::string error;
+  EXPECT_FALSE(AbslParseFlag("int4", &flag, &error));
+  EXPECT_NE(error.find("auto, f32, bf16, int8"), std::string::npos) << error;
+  EXPECT_EQ(flag, WeightDtype::kF32);
 }
 
 }  // namespace

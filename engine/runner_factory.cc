@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model/config.h"
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weight_source.h"
 
 namespace pdserve::engine {
 
@@ -31,13 +31,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
   }
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(options.model_dir);
   if (!config.ok()) return config.status();
-  absl::StatusOr<ModelWeights> weights = LoadModelWeights(*config, options.model_dir);
+  // Tensors as stored: each backend converts them one at a time.
+  absl::StatusOr<std::unique_ptr<WeightSource>> weights =
+      WeightSource::Open(*config, options.model_dir);
   if (!weights.ok()) return weights.status();
 
   CpuRunnerOptions cpu;
   cpu.kv_block_size = options.kv_block_size;
   cpu.num_threads = options.num_threads;
-  cpu.bf16_weights = options.bf16_weights;
+  cpu.weight_dtype = options.weight_dtype;
   cpu.num_kv_blocks = options.num_kv_blocks;
   if (cpu.num_kv_blocks == 0) {
     // fp32 KV: bytes per block = block_size * 2 * layers * kv_heads * head_dim * 4.
@@ -46,8 +48,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
     cpu.num_kv_blocks = static_cast<int>(std::clamp<int64_t>(
         blocks, 1, std::numeric_limits<int32_t>::max() / options.kv_block_size));
   }
-  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
-      CpuModelRunner::Create(*config, *std::move(weights), cpu);
+  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner = CpuModelRunner::Create(**weights, cpu);
   if (!runner.ok()) return runner.status();
   return std::unique_ptr<ModelRunner>(std::move(*runner));
 }

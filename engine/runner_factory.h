@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/runtime/model_runner.h"
+#include "engine/runtime/weight_dtype.h"
 
 namespace pdserve::engine {
 
@@ -18,9 +19,8 @@ struct RunnerOptions {
   int num_kv_blocks = 0;
   int64_t kv_cache_bytes = int64_t{256} << 20;
   int num_threads = 0;  // 0: all cores
-  // CPU: keep matrices whose values are all bf16 numbers in bf16
-  // (CpuRunnerOptions::bf16_weights).
-  bool bf16_weights = true;
+  // How weight matrices are stored in memory (CpuRunnerOptions::weight_dtype).
+  WeightDtype weight_dtype = WeightDtype::kAuto;
 };
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options);

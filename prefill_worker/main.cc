@@ -19,6 +19,7 @@
 #include "common/worker_registrar.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
@@ -34,6 +35,9 @@ ABSL_FLAG(std::string, router, "",
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
           "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
@@ -69,7 +73,8 @@ int Main() {
                                        .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
                                        .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
                                        .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                       .num_threads = absl::GetFlag(FLAGS_threads)};
+                                       .num_threads = absl::GetFlag(FLAGS_threads),
+                                       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)};
   auto runner = engine::CreateModelRunner(runner_options);
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();

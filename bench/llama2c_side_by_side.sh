@@ -78,17 +78,17 @@ build_run runfast "$out/run_fast"
 build_run runomp "$out/run_omp"
 
 model="$out/model"
-[ -f "$model/model.safetensors" ] || "$bin/engine/pdserve_make_model" --out_dir="$model" --seed=1 \
+[ -f "$model/model.safetensors" ] || "$bin/tools/pdserve_make_model" --out_dir="$model" --seed=1 \
   --vocab_size=32000 --hidden_size=768 --intermediate_size=2048 --num_layers=12 --num_heads=12 \
   --num_kv_heads=4 --max_position_embeddings=2048 --dtype=f32 > /dev/null
-"$bin/engine/pdserve_export_llama2c" --model_dir="$model" --out="$out/model.bin" \
+"$bin/tools/pdserve_export_llama2c" --model_dir="$model" --out="$out/model.bin" \
   --tokenizer_out="$out/tokenizer.bin"
 
 # Same model: run.c's first 32 greedy tokens after BOS (id 1) against
 # pdserve's (fp32 weights). The tokenizer prints token i as "<i>".
 "$out/run_fast" "$out/model.bin" -z "$out/tokenizer.bin" -t 0 -n 33 2> /dev/null |
   grep -oE '<[0-9]+>' | tr -d '<>' | head -32 | paste -sd, > "$out/llama2c_tokens.txt"
-"$bin/engine/pdserve_dump_logits" --model_dir="$model" --tokens=1 --max_tokens=32 \
+"$bin/tools/pdserve_dump_logits" --model_dir="$model" --tokens=1 --max_tokens=32 \
   --weight_dtype=f32 --threads=1 |
   python3 -c 'import json, sys; print(",".join(map(str, json.load(sys.stdin)["greedy_tokens"])))' \
     > "$out/pdserve_tokens.txt"

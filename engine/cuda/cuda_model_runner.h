@@ -174,8 +174,8 @@ class CudaModelRunner : public engine::ModelRunner {
   // capture on stream_ is never invalidated by other threads' copies.
   UniqueStream stream_;     // steps (runner thread only)
   UniqueStream io_stream_;  // ReadLayerKv/WriteLayerKv (under io_mu_)
-  UniqueCublas cublas_;     // on stream_
-  DeviceAllocation cublas_workspace_;
+  DeviceAllocation cublas_workspace_;  // outlives cublas_
+  UniqueCublas cublas_;                // on stream_
   DeviceWeights weights_;
   DeviceAllocation inv_freq_;    // [head_dim / 2] fp32
   DeviceAllocation kv_storage_;  // every layer's K then V

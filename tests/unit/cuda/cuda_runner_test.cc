@@ -300,6 +300,45 @@ TEST_F(CudaRunnerTest, GraphReplayedDecodeStepsEqualEagerOnes) {
   EXPECT_EQ(e.eager_decode_steps, 8);
 }
 
+TEST_F(CudaRunnerTest, DecodeCrossingAContextBucketCapturesTheNextGraphOrFallsBack) {
+  ModelConfig config = models::TinyGqaConfig();
+  config.max_position_embeddings = 600;
+  const std::string dir = models::WriteTinyModel(config, 4, "bf16", "cuda_graph_buckets");
+  CudaRunnerOptions options = Small();
+  options.num_kv_blocks = 80;
+  CudaRunnerOptions small_graphs = options;
+  small_graphs.max_graph_context = 256;  // contexts beyond it run eagerly
+  CudaRunnerOptions no_graphs = options;
+  no_graphs.cuda_graphs = false;
+  std::unique_ptr<CudaModelRunner> graphs = Cuda(dir, options), fallback = Cuda(dir, small_graphs),
+                                   eager = Cuda(dir, no_graphs);
+  ASSERT_TRUE(graphs && fallback && eager);
+  const std::vector<int32_t> prompt = Tokens(254, config.vocab_size, 9), table = Iota(65, 0);
+  for (CudaModelRunner* r : {graphs.get(), fallback.get(), eager.get()}) {
+    ASSERT_TRUE(r->Step({.seqs = {{.tokens = prompt, .block_table = table}}}).ok());
+  }
+  // Contexts 255 .. 258: the 256-token bucket, then the 512-token one.
+  for (int step = 0; step < 4; ++step) {
+    const int32_t token = (step * 29 + 3) % config.vocab_size;
+    auto batch = [&] {
+      StepBatch b;
+      b.seqs.push_back({.tokens = {&token, 1},
+                        .num_cached = 254 + step,
+                        .block_table = table,
+                        .sampling = &kGreedy});
+      return b;
+    };
+    const std::vector<float> want = Logits(*eager, batch());
+    EXPECT_EQ(Logits(*graphs, batch()), want) << "step " << step;
+    EXPECT_EQ(Logits(*fallback, batch()), want) << "step " << step;
+  }
+  EXPECT_EQ(graphs->stats().graph_captures, 2);
+  EXPECT_EQ(graphs->stats().graph_steps, 4);
+  EXPECT_EQ(fallback->stats().graph_captures, 1);
+  EXPECT_EQ(fallback->stats().graph_steps, 2);
+  EXPECT_EQ(fallback->stats().eager_decode_steps, 2);
+}
+
 // ---- weights ----
 
 TEST_F(CudaRunnerTest, F32AndF16CheckpointsAreConvertedOnLoad) {

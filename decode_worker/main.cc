@@ -45,8 +45,8 @@ ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
-          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: measure it at start-up "
-          "(cpu backend)");
+          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
+          "(cpu: a triad measured at start-up; cuda: the device's memory clock x bus width)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");

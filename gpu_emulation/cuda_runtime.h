@@ -80,6 +80,14 @@ enum cudaStreamCaptureStatus {
   cudaStreamCaptureStatusActive = 1,
   cudaStreamCaptureStatusInvalidated = 2,
 };
+// The attributes cudaDeviceGetAttribute answers (CUDA 13 dropped the clock
+// fields from cudaDeviceProp: these are where they are read now).
+enum cudaDeviceAttr {
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
+};
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
@@ -138,6 +146,7 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);

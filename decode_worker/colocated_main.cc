@@ -22,6 +22,7 @@
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_service.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "router/prompt_source.h"
 #include "router/router_metrics.h"
 
@@ -34,6 +35,9 @@ ABSL_FLAG(std::string, worker_id, "colocated",
           "Name in the responses' timings (prefill_worker, decode_worker)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
@@ -63,7 +67,8 @@ int Main() {
                                            .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
                                            .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
                                            .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                           .num_threads = absl::GetFlag(FLAGS_threads)});
+                                           .num_threads = absl::GetFlag(FLAGS_threads),
+                                           .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)});
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;

@@ -21,6 +21,7 @@
 #include "decode_worker/decode_service.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
 #include "kvtransfer/device/register.h"
@@ -43,14 +44,17 @@ ABSL_FLAG(std::string, router, "",
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default decode-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
-          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: measure it at start-up "
-          "(cpu backend)");
+          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
+          "(cpu: a triad measured at start-up; cuda: the device's memory clock x bus width)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -77,7 +81,8 @@ int Main() {
                                        .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
                                        .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
                                        .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                       .num_threads = absl::GetFlag(FLAGS_threads)};
+                                       .num_threads = absl::GetFlag(FLAGS_threads),
+                                       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)};
   auto runner = engine::CreateModelRunner(runner_options);
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();

@@ -80,6 +80,14 @@ enum cudaStreamCaptureStatus {
   cudaStreamCaptureStatusActive = 1,
   cudaStreamCaptureStatusInvalidated = 2,
 };
+// The attributes cudaDeviceGetAttribute answers (CUDA 13 dropped the clock
+// fields from cudaDeviceProp: these are where they are read now).
+enum cudaDeviceAttr {
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
+};
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
@@ -147,6 +155,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 // Each emulating process owns a GPU of its own: its bus id differs from any
 // other process's, so two processes never share a device (see IPC below).
 cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);

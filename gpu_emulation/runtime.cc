@@ -482,6 +482,27 @@ cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  cudaDeviceProp prop;
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) return e;
+  switch (attr) {
+    case cudaDevAttrClockRate:
+      *value = prop.clockRate;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = prop.multiProcessorCount;
+      return cudaSuccess;
+    case cudaDevAttrMemoryClockRate:
+      *value = prop.memoryClockRate;
+      return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = prop.memoryBusWidth;
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaDeviceSynchronize() {
   {
     std::lock_guard<std::mutex> lock(CaptureMutex());

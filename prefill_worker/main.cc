@@ -19,6 +19,7 @@
 #include "common/worker_registrar.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
 #include "kvtransfer/device/register.h"
@@ -42,6 +43,9 @@ ABSL_FLAG(std::string, router, "",
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
           "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
@@ -51,7 +55,8 @@ ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, peak_flops, 0,
-          "Peak FLOP/s of the device for the MFU gauge; 0: measure it at start-up (cpu backend)");
+          "Peak FLOP/s of the device for the MFU gauge; 0: measured at start-up (cpu: sgemm; "
+          "cuda: a bf16 cuBLAS GEMM)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long queued prompts may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -77,7 +82,8 @@ int Main() {
                                        .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
                                        .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
                                        .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                       .num_threads = absl::GetFlag(FLAGS_threads)};
+                                       .num_threads = absl::GetFlag(FLAGS_threads),
+                                       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)};
   auto runner = engine::CreateModelRunner(runner_options);
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();

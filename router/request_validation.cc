@@ -35,6 +35,10 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const v1::GenerateRequest& requ
   std::vector<int32_t> prompt;
   switch (request.input_case()) {
     case v1::GenerateRequest::kText: {
+      if (!source.text_unavailable.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("text: ", source.text_unavailable, "; send token_ids"));
+      }
       if (request.text().empty()) return absl::InvalidArgumentError("text is empty");
       const int bos = tokenizer.bos_token_id().value_or(config.bos_token_id);
       if (request.add_bos() && bos >= 0) prompt.push_back(bos);
@@ -143,6 +147,10 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   if (s.stop_size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " strings, got ", s.stop_size()));
+  }
+  if (s.stop_size() > 0 && !source.text_unavailable.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.stop: ", source.text_unavailable, "; use stop_token_ids"));
   }
   for (const std::string& stop : s.stop()) {
     if (stop.empty() || stop.size() > kMaxStopStringBytes) {

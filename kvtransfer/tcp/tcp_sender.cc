@@ -80,8 +80,11 @@ class SessionCore {
 
   // ---- Link thread ----
   // Runs the session to its end. True when the connection may carry the
-  // next transfer (the receiver acknowledged this one).
-  bool RunWriter();
+  // next transfer (the receiver acknowledged this one). `deliver` gets the
+  // call of Finish's `done` (if it was called), for the link to run once it
+  // is back in its pool: a caller that opens the next transfer from inside
+  // `done` finds the connection idle.
+  bool RunWriter(std::function<void()>* deliver);
 
  private:
   enum class Step { kWait, kChunk, kAbort, kFinish, kExit };
@@ -306,7 +309,7 @@ SessionCore::Step SessionCore::NextStep(Chunk* chunk, int32_t* token) {
   return Step::kWait;
 }
 
-bool SessionCore::RunWriter() {
+bool SessionCore::RunWriter(std::function<void()>* deliver) {
   wake_->Drain();  // wake-ups meant for the link's previous session
   if (absl::Status s = AwaitHandshake(); !s.ok()) {
     bool aborted = false;
@@ -357,9 +360,9 @@ bool SessionCore::RunWriter() {
           done = std::move(done_);
         }
         if (!reusable) conn_->Shutdown();
-        // May destroy the session or even the sender (see LinkPool);
-        // afterwards this thread touches only *this, which it co-owns.
-        if (done) done(result);
+        *deliver = [done = std::move(done), result] {
+          if (done) done(result);
+        };
         running = false;
         break;
       }
@@ -659,18 +662,26 @@ class LinkPool : public std::enable_shared_from_this<LinkPool> {
         core = std::move(link->assigned);
         link->running = core;
       }
-      const bool reusable = core->RunWriter();
+      std::function<void()> deliver;
+      const bool reusable = core->RunWriter(&deliver);
       core.reset();
-      absl::MutexLock l(&mu_);
-      link->running.reset();
-      std::vector<std::shared_ptr<Link>>& idle = idle_[link->endpoint];
-      if (!reusable || stopping_ || link->retire ||
-          static_cast<int>(idle.size()) >= options_.max_idle_connections_per_peer) {
-        break;
+      bool keep;
+      {
+        absl::MutexLock l(&mu_);
+        link->running.reset();
+        std::vector<std::shared_ptr<Link>>& idle = idle_[link->endpoint];
+        keep = reusable && !stopping_ && !link->retire &&
+               static_cast<int>(idle.size()) < options_.max_idle_connections_per_peer;
+        if (keep) {
+          link->idle = true;
+          link->idle_since = absl::Now();
+          idle.push_back(link);
+        }
       }
-      link->idle = true;
-      link->idle_since = absl::Now();
-      idle.push_back(link);
+      // May destroy the session or even the sender (see Shutdown); this
+      // thread then touches only what it co-owns.
+      if (deliver) deliver();
+      if (!keep) break;
     }
     link->conn->Shutdown();
     absl::MutexLock l(&mu_);

@@ -67,6 +67,22 @@ absl::Status Export(std::byte* p, std::string* handle, int64_t* offset) {
 
 }  // namespace
 
+absl::StatusOr<internal::v1::KvDevice> CheckSetup(std::span<const engine::KvRegion> regions,
+                                                  const DeviceTransportOptions& options) {
+  for (const engine::KvRegion& r : regions) {
+    if (r.memory != engine::MemoryKind::kDevice) {
+      return absl::InvalidArgumentError(
+          "the nccl kv transport needs KV regions in device memory (this backend keeps them in "
+          "host memory: use --kv_transport=tcp)");
+    }
+  }
+  if (options.max_chunk_bytes == 0 || options.stall_timeout <= absl::ZeroDuration() ||
+      options.watchdog_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("bad DeviceTransportOptions");
+  }
+  return LocalDevice(options.device);
+}
+
 absl::StatusOr<std::string> ControlAddressOf(absl::string_view endpoint) {
   if (!absl::StartsWith(endpoint, kScheme) || endpoint.size() == kScheme.size()) {
     return absl::InvalidArgumentError(

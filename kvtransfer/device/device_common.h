@@ -10,8 +10,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -48,6 +50,11 @@ struct DeviceTransportOptions {
   // ranks on one device). False forces NCCL.
   bool allow_ipc = true;
 };
+
+// INVALID_ARGUMENT for regions outside device memory or bad options;
+// otherwise this process's device (LocalDevice).
+absl::StatusOr<internal::v1::KvDevice> CheckSetup(std::span<const engine::KvRegion> regions,
+                                                  const DeviceTransportOptions& options);
 
 // "nccl://host:port" -> "host:port" (the receiver's gRPC control address).
 absl::StatusOr<std::string> ControlAddressOf(absl::string_view endpoint);

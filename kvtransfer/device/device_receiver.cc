@@ -66,18 +66,7 @@ struct RecvTransfer {
 absl::StatusOr<std::unique_ptr<DeviceKvReceiver>> DeviceKvReceiver::Create(
     const std::string& bind_host, int port, std::span<const engine::KvRegion> regions,
     DeviceTransportOptions options, const std::string& advertise_host) {
-  for (const engine::KvRegion& r : regions) {
-    if (r.memory != engine::MemoryKind::kDevice) {
-      return absl::InvalidArgumentError(
-          "the nccl kv transport needs KV regions in device memory (this backend keeps them in "
-          "host memory: use --kv_transport=tcp)");
-    }
-  }
-  if (options.stall_timeout <= absl::ZeroDuration() ||
-      options.watchdog_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("bad DeviceTransportOptions");
-  }
-  absl::StatusOr<internal::v1::KvDevice> device = LocalDevice(options.device);
+  absl::StatusOr<internal::v1::KvDevice> device = CheckSetup(regions, options);
   if (!device.ok()) return device.status();
   auto receiver = std::make_unique<DeviceKvReceiver>(Private{}, regions, std::move(options),
                                                      std::move(*device));

@@ -586,18 +586,7 @@ class DeviceSendSession final : public SendSession {
 
 absl::StatusOr<std::unique_ptr<DeviceKvSender>> DeviceKvSender::Create(
     std::span<const engine::KvRegion> regions, DeviceTransportOptions options) {
-  for (const engine::KvRegion& r : regions) {
-    if (r.memory != engine::MemoryKind::kDevice) {
-      return absl::InvalidArgumentError(
-          "the nccl kv transport needs KV regions in device memory (this backend keeps them in "
-          "host memory: use --kv_transport=tcp)");
-    }
-  }
-  if (options.max_chunk_bytes == 0 || options.stall_timeout <= absl::ZeroDuration() ||
-      options.watchdog_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("bad DeviceTransportOptions");
-  }
-  absl::StatusOr<internal::v1::KvDevice> device = LocalDevice(options.device);
+  absl::StatusOr<internal::v1::KvDevice> device = CheckSetup(regions, options);
   if (!device.ok()) return device.status();
   return std::make_unique<DeviceKvSender>(Private{}, regions, std::move(options),
                                           std::move(*device));

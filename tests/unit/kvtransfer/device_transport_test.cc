@@ -444,6 +444,15 @@ TEST_F(TcpDeviceRegionsTest, ChunksAcrossBlockLayoutsAreByteExact) {
   dst.Release(3);
 }
 
+TEST_F(TcpDeviceRegionsTest, TheNcclTransportRefusesHostRegions) {
+  kvtransfer::testing::HostKv host(Shape(), 8, 4);
+  auto sender = DeviceKvSender::Create(host.regions());
+  EXPECT_EQ(sender.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(sender.status()), HasSubstr("--kv_transport=tcp"));
+  auto receiver = DeviceKvReceiver::Create("127.0.0.1", 0, host.regions());
+  EXPECT_EQ(receiver.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // ---- Scripted peers (NCCL data plane) ----
 
 // A receiver that answers Hello with NCCL, brings up rank 1 of the

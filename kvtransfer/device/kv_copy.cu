@@ -88,8 +88,7 @@ bool MakeView(const KvRows& side, int offset, int count, int64_t row_bytes, View
     return false;
   }
   view->first_slot = first % side.block_size;
-  std::copy(side.blocks.begin() + first_block, side.blocks.begin() + last_block + 1,
-            view->blocks);
+  std::copy(side.blocks.begin() + first_block, side.blocks.begin() + last_block + 1, view->blocks);
   return true;
 }
 

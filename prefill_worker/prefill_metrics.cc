@@ -1,6 +1,7 @@
 #include "prefill_worker/prefill_metrics.h"
 
 #include "common/metrics_server.h"
+#include "common/scheduler_metrics.h"
 
 namespace pdserve::prefill {
 
@@ -39,6 +40,8 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
           LatencyBuckets())),
       kv_transfer_bytes(MakeCounter(r, "pdserve_kv_transfer_bytes_total", "KV bytes sent")),
       kv_transfer_failures(
-          MakeCounter(r, "pdserve_kv_transfer_failures_total", "KV transfers that failed")) {}
+          MakeCounter(r, "pdserve_kv_transfer_failures_total", "KV transfers that failed")),
+      prefix_cache_queries(MakePrefixCacheQueriesCounter(r)),
+      prefix_cache_hits(MakePrefixCacheHitsCounter(r)) {}
 
 }  // namespace pdserve::prefill

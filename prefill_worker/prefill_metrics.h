@@ -28,6 +28,9 @@ struct PrefillMetrics {
   prometheus::Histogram& kv_transfer_exposed_seconds;  // compute end -> receiver ack
   prometheus::Counter& kv_transfer_bytes;
   prometheus::Counter& kv_transfer_failures;
+  // Prefix caching, in tokens: looked up at admission, and found cached.
+  prometheus::Counter& prefix_cache_queries;
+  prometheus::Counter& prefix_cache_hits;
 };
 
 }  // namespace pdserve::prefill

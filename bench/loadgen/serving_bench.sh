@@ -41,7 +41,7 @@ loadgen="$bin/bench/loadgen/pdserve_loadgen"
 # MLP 1408, byte vocabulary: 23.5 M parameters, f32 (94 MB). On one idle core
 # a 256-token prefill takes ~0.3 s and a batch-1 decode step ~10 ms.
 model="$out/model"
-[ -f "$model/model.safetensors" ] || "$bin/engine/pdserve_make_model" --out_dir="$model" --seed=1 \
+[ -f "$model/model.safetensors" ] || "$bin/tools/pdserve_make_model" --out_dir="$model" --seed=1 \
   --hidden_size=512 --intermediate_size=1408 --num_layers=8 --num_heads=8 --num_kv_heads=4 \
   --max_position_embeddings=2048 --vocab_size=320 > /dev/null
 

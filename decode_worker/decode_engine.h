@@ -75,7 +75,7 @@ struct DecodeEngineOptions {
   // recomputation skips what was not reused meanwhile.
   bool enable_prefix_caching = true;
   // Tokens per step for recomputing preempted sequences (beside the decodes).
-  int recompute_chunk_tokens = 512;
+  int recompute_chunk_tokens = 256;
   absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
   // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
   double peak_memory_bandwidth = 0;

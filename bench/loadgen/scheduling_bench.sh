@@ -43,21 +43,12 @@ mkdir -p "$out"
 loadgen="$bin/bench/loadgen/pdserve_loadgen"
 cluster="$root/deploy/local/cluster.sh"
 
-# The serving benchmark's model (bench/loadgen/serving_bench.sh): Llama-shaped,
-# 8 layers, hidden 512, 8 heads / 4 KV heads, MLP 1408, byte vocabulary,
-# 23.5M parameters, f32, 2,048 positions. 16 KiB of KV per token.
+# The serving benchmark's model (bench_lib.sh: 23.5M parameters, f32).
+# shellcheck source=bench/loadgen/bench_lib.sh
+. "$root/bench/loadgen/bench_lib.sh"
 model="$out/model"
-[ -f "$model/model.safetensors" ] || "$bin/tools/pdserve_make_model" --out_dir="$model" --seed=1 \
-  --hidden_size=512 --intermediate_size=1408 --num_layers=8 --num_heads=8 --num_kv_heads=4 \
-  --max_position_embeddings=2048 --vocab_size=320 > /dev/null
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
-  echo "memory: $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-  echo "os: $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
-  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-} > "$out/machine.txt"
+bench_model "$model" "$bin"
+bench_machine_info "$out/machine.txt" "$root"
 
 colocated_pid=""
 cleanup() {

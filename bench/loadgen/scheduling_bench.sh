@@ -95,7 +95,7 @@ prefix_run() {  # label prefixes prefill_kv_blocks router_policy caching
   router=$(start_cluster 3 1 "--routing_policy=$4" \
     "--enable_prefix_caching=$5 --num_kv_blocks=$3" "")
   run_load prefix "$router" "$1" "$(json_field "$out/cluster/router.ready" metrics_port)" \
-    --rate=0.5 --shared_prefix_len=1000 --num_shared_prefixes="$2" \
+    --rate=0.3 --shared_prefix_len=1000 --num_shared_prefixes="$2" \
     --prompt_len=uniform:16:64 --output_len=fixed:16 --slo_ttft_s=1.0 --slo_itl_s=0.1
   # shellcheck disable=SC2046
   local prompt hits

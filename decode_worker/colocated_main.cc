@@ -47,6 +47,12 @@ ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
           "steps of their own)");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Reuse the cached KV blocks of a prompt's longest cached prefix");
+ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
+          "KV tokens reserved beyond the prompt at admission; later tokens take blocks as they "
+          "come, and the newest sequences are preempted (recomputed later) when blocks run out. "
+          "Negative: every request is reserved whole up front");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -94,11 +100,13 @@ int Main() {
 
   // Destroyed before the runner it uses.
   auto engine = std::make_unique<colocated::ColocatedEngine>(
-      colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
-                                  .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
-                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting),
-                                  .max_prefill_chunk_tokens =
-                                      absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
+      colocated::ColocatedOptions{
+          .max_running = absl::GetFlag(FLAGS_max_running),
+          .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
+          .max_waiting = absl::GetFlag(FLAGS_max_waiting),
+          .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
+          .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
+          .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
   auto service = std::make_unique<colocated::ColocatedService>(
       engine.get(), &*prompt_source, &client_metrics, absl::GetFlag(FLAGS_worker_id));

@@ -48,7 +48,11 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
       scheduler_({.role = engine::SchedulerRole::kDecode,
                   .plan = {.max_num_seqs = options.max_running,
-                           .max_batch_tokens = std::max(options.max_running, 1)}},
+                           .max_batch_tokens = std::max(options.max_running, 1) +
+                                               std::max(options.recompute_chunk_tokens, 1),
+                           .max_prefill_chunk_tokens = std::max(options.recompute_chunk_tokens, 1)},
+                  .enable_prefix_caching = options.enable_prefix_caching,
+                  .kv_headroom_tokens = options.kv_headroom_tokens},
                  runner->config(), runner->num_kv_blocks(), runner->kv_block_size()),
       transfer_salt_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {
   {
@@ -85,16 +89,14 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     return s;
   }
   const int prompt_len = static_cast<int>(request.prompt.size());
-  // Blocks for the whole request; the last generated token never enters the cache.
-  const int reserve_tokens = prompt_len + request.sampling.max_tokens - 1;
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
-    absl::StatusOr<std::span<const int32_t>> blocks = scheduler_.AddRemote(
-        id, std::move(request.prompt), std::move(request.sampling), reserve_tokens);
+    absl::StatusOr<std::span<const int32_t>> blocks =
+        scheduler_.AddRemote(id, std::move(request.prompt), std::move(request.sampling));
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
@@ -200,7 +202,8 @@ DecodeLoad DecodeEngine::load() const {
   absl::MutexLock lock(&mu_);
   return DecodeLoad{.running = scheduler_.num_running(),
                     .waiting_kv = scheduler_.num_awaiting_kv(),
-                    .free_blocks = scheduler_.kv().num_free_blocks(),
+                    .preempted = scheduler_.num_waiting(),
+                    .free_blocks = scheduler_.num_available_blocks(),
                     .total_blocks = scheduler_.kv().num_blocks()};
 }
 
@@ -214,20 +217,31 @@ void DecodeEngine::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || scheduler_.num_running() > 0;
+        return stop_ || scheduler_.num_running() > 0 || scheduler_.num_waiting() > 0;
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       const absl::Time plan_start = absl::Now();
       step = scheduler_.Schedule();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - plan_start));
+      metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
+      for (const auto& [id, why] : step.failed) {
+        auto it = entries_.find(id);
+        if (it == entries_.end()) continue;
+        PDSERVE_LOG(WARNING) << "request " << it->second.request_id << ": " << why;
+        it->second.stream->Push({.error = why});
+        entries_.erase(it);
+      }
+      if (!step.failed.empty() || !step.preempted.empty()) UpdateGaugesLocked();
       if (step.empty()) {
         // Running sequences that cannot step now (cancelled, awaiting
         // blocks): wait for a change rather than spin.
         mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
         continue;
       }
-      for (const engine::StepSequence& s : step.batch.seqs) kv_tokens += s.num_cached + 1;
+      for (const engine::StepSequence& s : step.batch.seqs) {
+        kv_tokens += s.num_cached + static_cast<double>(s.tokens.size());
+      }
     }
 
     const absl::Time start = absl::Now();

@@ -51,6 +51,13 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
+ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
+          "KV tokens reserved beyond the prompt at admission; later tokens take blocks as they "
+          "come, and the newest sequences are preempted (recomputed later) when blocks run out. "
+          "Negative: every request is reserved whole up front");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Keep computed KV blocks cached (evictable) so a preempted sequence's recomputation "
+          "reuses what is still there");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
           "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
@@ -112,6 +119,8 @@ int Main() {
 
   decode::DecodeEngineOptions engine_options{
       .max_running = absl::GetFlag(FLAGS_max_running),
+      .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens),
+      .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .kv_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_timeout_ms)),
       .peak_memory_bandwidth = peak.value};
   // Destroyed before the receiver and the runner it uses.
@@ -136,12 +145,13 @@ int Main() {
     info.set_kv_endpoint(engine->kv_endpoint());
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
+    info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
     registrar =
         std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
           decode::DecodeLoad load = engine->load();
           internal::v1::WorkerLoad out;
-          out.set_running_sequences(load.running + load.waiting_kv);
+          out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
           out.set_free_kv_blocks(load.free_blocks);
           out.set_total_kv_blocks(load.total_blocks);
           out.set_draining(service.draining());
@@ -163,7 +173,7 @@ int Main() {
   if (registrar) registrar->Poke();
   WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)), [&] {
     const decode::DecodeLoad load = engine->load();
-    return load.running + load.waiting_kv == 0;
+    return load.running + load.waiting_kv + load.preempted == 0;
   });
   registrar.reset();
   // Cancels calls still open after the deadline and waits for their handlers,

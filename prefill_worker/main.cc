@@ -54,6 +54,9 @@ ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Reuse the cached KV blocks of a prompt's longest cached prefix (shared prompt "
+          "prefixes are computed once) and report a digest of them to the router");
 ABSL_FLAG(double, peak_flops, 0,
           "Peak FLOP/s of the device for the MFU gauge; 0: measured at start-up (cpu: sgemm; "
           "cuda: a bf16 cuBLAS GEMM)");
@@ -116,6 +119,7 @@ int Main() {
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
       .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
+      .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .peak_flops = peak.value};
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
@@ -144,6 +148,8 @@ int Main() {
           internal::v1::WorkerLoad out;
           out.set_queued_prompt_tokens(load.queued_tokens);
           out.set_queued_requests(load.queued_requests);
+          out.mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(),
+                                                    load.cached_block_hashes.end());
           out.set_draining(service.draining());
           return out;
         });

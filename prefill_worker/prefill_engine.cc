@@ -26,7 +26,8 @@ engine::SchedulerOptions SchedulerOptionsFor(const PrefillEngineOptions& o) {
   return {.role = engine::SchedulerRole::kPrefill,
           .plan = {.max_num_seqs = o.max_queued_requests,
                    .max_batch_tokens = o.max_batch_tokens,
-                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens}};
+                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens},
+          .enable_prefix_caching = o.enable_prefix_caching};
 }
 
 }  // namespace
@@ -145,8 +146,10 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
 
 PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return PrefillLoad{.queued_tokens = scheduler_.pending_prompt_tokens(),
-                     .queued_requests = static_cast<int>(jobs_.size())};
+  PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
+                   .queued_requests = static_cast<int>(jobs_.size())};
+  if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
+  return load;
 }
 
 void PrefillEngine::UpdateGaugesLocked() {
@@ -171,6 +174,8 @@ void PrefillEngine::Loop() {
       step = scheduler_.Schedule();
       start = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
+      metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
+      metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
       if (step.empty()) continue;
       wake_ = true;  // plan again right after this step
       for (engine::SeqId id : step.ids) {

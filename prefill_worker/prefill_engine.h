@@ -8,6 +8,10 @@
 // token is sampled by the runner and handed back at once (time to first
 // token ends there). A prompt's blocks are held until the transport reports
 // them read (the session's `done`), then released.
+// With prefix caching, a prompt starts after the longest prefix whose blocks
+// are still cached (in use by another prompt, or evictable), its own full
+// blocks stay cached once released, and the KV sent still covers the whole
+// prompt (cached blocks are read like any other).
 //
 // Threads: one engine thread plans, runs and applies steps; gRPC handler
 // threads Submit, wait on their ticket and Cancel; KV send completion (which
@@ -67,14 +71,18 @@ struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
   int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  bool enable_prefix_caching = true;
   double peak_flops = 0;             // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
   absl::Duration send_drain_timeout = absl::Seconds(10);
 };
 
 struct PrefillLoad {
-  int64_t queued_tokens = 0;  // waiting and running
+  int64_t queued_tokens = 0;  // waiting and running, cached prefixes not counted
   int queued_requests = 0;
+  // With prefix caching: the KV cache's digest for routers
+  // (KvCacheManager::CachedHashDigest).
+  std::vector<uint64_t> cached_block_hashes;
 };
 
 class PrefillEngine {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/metrics_server.h"
+#include "common/scheduler_metrics.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::prefill {
@@ -44,7 +45,9 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       kv_transfer_failures(prometheus::BuildCounter()
                                .Name("pdserve_kv_transfer_failures_total")
                                .Help("KV transfers that failed, by reason")
-                               .Register(r)) {
+                               .Register(r)),
+      prefix_cache_queries(MakePrefixCacheQueriesCounter(r)),
+      prefix_cache_hits(MakePrefixCacheHitsCounter(r)) {
   for (std::string_view reason : kvtransfer::kKvFailureReasons) {
     kv_transfer_failures.Add({{"reason", std::string(reason)}});
   }

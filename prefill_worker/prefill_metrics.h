@@ -32,6 +32,9 @@ struct PrefillMetrics {
   // kvtransfer::kKvFailureReasons exists from start-up.
   prometheus::Family<prometheus::Counter>& kv_transfer_failures;
   void CountKvTransferFailure(const absl::Status& why);
+  // Prefix caching, in tokens: looked up at admission, and found cached.
+  prometheus::Counter& prefix_cache_queries;
+  prometheus::Counter& prefix_cache_hits;
 };
 
 }  // namespace pdserve::prefill

@@ -129,7 +129,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   while (true) {
     std::vector<WorkerView> pool = registry_->Live(Role::kDecode, absl::Now());
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
-    std::optional<size_t> pick = policy_->PickDecode(pool, prompt_len + req->sampling.max_tokens);
+    std::optional<size_t> pick = policy_->PickDecode(
+        pool, {.prompt_tokens = prompt_len, .max_tokens = req->sampling.max_tokens});
     if (!pick) break;
     if (!tried.empty()) metrics_->CountRetry("decode");
     decode_worker = pool[*pick].desc;
@@ -165,10 +166,12 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
                                                                 last_refusal.error_message()));
   }
 
-  // 2. Prefill on the least-loaded prefill worker; it sends the KV to the
-  // decode worker's reservation and answers with the first token.
+  // 2. Prefill on the prefill worker the policy picks (the one likely to hold
+  // the prompt's prefix, unless loaded); it sends the KV to the decode
+  // worker's reservation and answers with the first token.
   std::vector<WorkerView> prefill_pool = registry_->Live(Role::kPrefill, absl::Now());
-  std::optional<size_t> prefill_pick = policy_->PickPrefill(prefill_pool, prompt_len);
+  const PrefillQuery prefill_query(req->prompt);
+  std::optional<size_t> prefill_pick = policy_->PickPrefill(prefill_pool, prefill_query);
   if (!prefill_pick) {
     CancelAndFinish(*decode_ctx, *decode_stream);
     metrics_->CountRejected("no_prefill_worker");
@@ -184,7 +187,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context,
   internal::v1::PrefillResult prefill_result;
   auto prefill_ctx = grpc::ClientContext::FromServerContext(*context);
   const absl::Time dispatch = absl::Now();
-  OutstandingWork prefill_work = registry_->StartWork(prefill_worker.id, prompt_len);
+  OutstandingWork prefill_work =
+      registry_->StartPrefill(prefill_pool[*prefill_pick], prefill_query, absl::Now());
   grpc::Status prefill_status =
       PrefillStub(prefill_worker.address).Prefill(prefill_ctx.get(), prefill_job, &prefill_result);
   prefill_work.Release();

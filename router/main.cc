@@ -29,7 +29,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics 
 ABSL_FLAG(int, port, 0, "gRPC port for clients and worker registration (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
-ABSL_FLAG(std::string, routing_policy, "least_loaded", "Routing policy");
+ABSL_FLAG(std::string, routing_policy, "prefix_aware",
+          "Routing policy: prefix_aware (prefill workers likely to hold the prompt's prefix, "
+          "unless loaded) or least_loaded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
 ABSL_FLAG(int, drain_timeout_ms, 30000,

@@ -1,5 +1,6 @@
 #include "router/worker_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +57,8 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
   e.desc = desc;
   e.load = load;
   e.last_seen = now;
+  e.finished_requests_since_report = 0;
+  e.finished_tokens_since_report = 0;
   UpdatePrefixesLocked(e, &load.cached_block_hashes, now);
   if (is_new) {
     PDSERVE_LOG(INFO) << "worker " << desc.id << " joined ("
@@ -72,6 +75,8 @@ bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, ab
   if (it == workers_.end()) return false;
   it->second.load = load;
   it->second.last_seen = now;
+  it->second.finished_requests_since_report = 0;
+  it->second.finished_tokens_since_report = 0;
   UpdatePrefixesLocked(it->second, &load.cached_block_hashes, now);
   return true;
 }
@@ -87,8 +92,14 @@ std::vector<WorkerView> WorkerRegistry::Live(Role role, absl::Time now) {
   std::vector<WorkerView> out;
   for (const auto& [id, e] : workers_) {
     if (e.desc.role != role || e.load.draining) continue;
-    out.push_back(
-        WorkerView{e.desc, e.load, e.outstanding_requests, e.outstanding_tokens, e.prefixes});
+    // A report taken before work this router saw finish still counts it.
+    LoadReport load = e.load;
+    load.queued_prompt_tokens =
+        std::max<int64_t>(0, load.queued_prompt_tokens - e.finished_tokens_since_report);
+    load.queued_requests = std::max(0, load.queued_requests - e.finished_requests_since_report);
+    load.running_sequences = std::max(0, load.running_sequences - e.finished_requests_since_report);
+    out.push_back(WorkerView{e.desc, std::move(load), e.outstanding_requests, e.outstanding_tokens,
+                             e.prefixes});
   }
   return out;
 }
@@ -156,6 +167,8 @@ void WorkerRegistry::FinishWork(const std::string& id, uint64_t incarnation, int
   if (it == workers_.end() || it->second.incarnation != incarnation) return;
   it->second.outstanding_requests -= 1;
   it->second.outstanding_tokens -= tokens;
+  it->second.finished_requests_since_report += 1;
+  it->second.finished_tokens_since_report += tokens;
 }
 
 OutstandingWork& OutstandingWork::operator=(OutstandingWork&& other) noexcept {

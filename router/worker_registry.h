@@ -141,6 +141,10 @@ class WorkerRegistry {
     int outstanding_requests = 0;
     int64_t outstanding_tokens = 0;
     uint64_t incarnation = 0;  // distinct for every (re-)registration after a drop
+    // Work this router saw finish since the last load report: the report
+    // may still count it as queued or running, and views discount it.
+    int finished_requests_since_report = 0;
+    int64_t finished_tokens_since_report = 0;
     // Prefill: the last digest, the prefixes routed here since (hash -> when
     // last routed), and their union as handed to views.
     PrefixHashSet reported;

@@ -84,6 +84,34 @@ TEST(WorkerRegistryTest, OutstandingIsTracked) {
   EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].outstanding_requests, 0);
 }
 
+// A load report taken while work was queued still counts it after this
+// router saw the work finish; until the next report, views discount what
+// finished (a stale report once sent a cached prefix's follow-up elsewhere).
+TEST(WorkerRegistryTest, WorkFinishedSinceTheLastReportIsDiscounted) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  OutstandingWork prefill = registry.StartWork("p1", 156);
+  OutstandingWork decode = registry.StartWork("d1", 156);
+  ASSERT_TRUE(registry.Heartbeat("p1", {.queued_prompt_tokens = 200, .queued_requests = 2}, kT0));
+  ASSERT_TRUE(registry.Heartbeat("d1", {.running_sequences = 3}, kT0));
+  prefill.Release();
+  decode.Release();
+  WorkerView p = registry.Live(Role::kPrefill, kT0)[0];
+  EXPECT_EQ(p.load.queued_prompt_tokens, 44);
+  EXPECT_EQ(p.load.queued_requests, 1);
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0)[0].load.running_sequences, 2);
+  // The next report is taken as it is.
+  ASSERT_TRUE(registry.Heartbeat("p1", {.queued_prompt_tokens = 30, .queued_requests = 1}, kT0));
+  p = registry.Live(Role::kPrefill, kT0)[0];
+  EXPECT_EQ(p.load.queued_prompt_tokens, 30);
+  EXPECT_EQ(p.load.queued_requests, 1);
+  // Never below zero.
+  OutstandingWork big = registry.StartWork("p1", 500);
+  big.Release();
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].load.queued_prompt_tokens, 0);
+}
+
 // A worker dropped for missed heartbeats and registered again starts from
 // zero; work sent to it before must not drive its count negative (a negative
 // count once made every burst pick that one worker).

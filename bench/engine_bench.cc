@@ -1,7 +1,9 @@
 // pdserve_engine_bench: CPU engine throughput on a ~110M-parameter
 // Llama-shaped model (hidden 768, 12 layers, 12 heads, intermediate 2048,
-// vocab 32000, tied embeddings; written with random weights unless
-// --model_dir is given), next to the machine's measured memory bandwidth.
+// vocab 32000; by default 12 KV heads and tied embeddings, else as
+// --num_kv_heads and --tie_word_embeddings say; written with random weights
+// unless --model_dir is given), next to the machine's measured memory
+// bandwidth.
 //
 // Reports, each after warm-up and as the median of several runs:
 //   prefill   tokens/s for one --prompt_len-token prompt (and GFLOP/s, from
@@ -10,12 +12,16 @@
 //             --context tokens of KV, one token per sequence per step
 //   bandwidth STREAM-style copy and triad over arrays far larger than cache
 //             (best of 5, as STREAM reports), with --threads OpenMP threads
-//   roofline  batch-1 decode bytes/s (weights read once per step, as stored:
-//             bf16 for a bf16 checkpoint unless --bf16_weights=false, else
-//             fp32; + KV read) as a fraction of the triad bandwidth
-// It prints a table and, last, one line of JSON (also to --json_out).
+//   roofline  batch-1 decode bytes/s (weights read once per step, as stored
+//             per --weight_dtype; + KV read) as a fraction of the triad
+//             bandwidth
+// --decode_only skips prefill and the batch figure (and --context=1
+// --decode_steps=255 --warmup=0 times positions 1..255, as llama2.c's run.c
+// reports). It prints a table and, last, one line of JSON (also to
+// --json_out).
 //   pdserve_engine_bench [--threads=N] [--model_dir=DIR] [--json_out=FILE]
-//       [--dtype=bf16|f16|f32] [--bf16_weights=false]
+//       [--dtype=bf16|f16|f32] [--weight_dtype=auto|f32|bf16|int8]
+//       [--num_kv_heads=N] [--tie_word_embeddings=false] [--decode_only]
 #include <omp.h>
 #include <unistd.h>
 
@@ -34,17 +40,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cli.h"
+#include "engine/cpu/kernels_gemv.h"
 #include "engine/model/config.h"
-#include "engine/runtime/model_runner.h"
-#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/runtime/weight_dtype.h"
 #include "nlohmann/json.hpp"
+#include "tools/model_writer.h"
 
 ABSL_FLAG(std::string, model_dir, "",
           "Model to benchmark; empty: write the ~110M Llama-shaped model to a temp dir");
 ABSL_FLAG(std::string, dtype, "bf16", "Checkpoint dtype of the written model (f32, bf16, f16)");
-ABSL_FLAG(bool, bf16_weights, true,
-          "Keep bf16 checkpoint matrices in bf16 in memory (false: expand everything to fp32)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (a bf16 checkpoint's in bf16, else "
+          "fp32), f32, bf16 or int8");
+ABSL_FLAG(int, num_kv_heads, 12, "KV heads of the written model (divides 12)");
+ABSL_FLAG(bool, tie_word_embeddings, true, "Written model: LM head tied to the embeddings");
+ABSL_FLAG(bool, decode_only, false, "Measure only batch-1 decode and the bandwidth");
 ABSL_FLAG(int, threads, 0, "CPU threads for the runner and the bandwidth test; 0: all cores");
 ABSL_FLAG(int, prompt_len, 512, "Prefill prompt length");
 ABSL_FLAG(int, context, 128, "Tokens of KV each decoding sequence starts with");
@@ -78,12 +90,12 @@ engine::ModelConfig BenchConfig() {
   c.intermediate_size = 2048;
   c.num_layers = 12;
   c.num_heads = 12;
-  c.num_kv_heads = 12;
+  c.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
   c.head_dim = 64;
   c.max_position_embeddings = 2048;
   c.rms_norm_eps = 1e-5f;
   c.rope_theta = 10000.0f;
-  c.tie_word_embeddings = true;
+  c.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
   return c;
@@ -137,9 +149,10 @@ std::vector<int32_t> Table(int first, int count) {
 }
 
 struct DecodeFigures {
-  double step_s = 0;        // median step time
-  double tokens_per_s = 0;  // batch / step_s
-  double mean_context = 0;  // mean tokens of KV read per sequence per step
+  double step_s = 0;             // median step time
+  double tokens_per_s = 0;       // batch / step_s
+  double mean_tokens_per_s = 0;  // batch * steps / total time (as llama2.c reports)
+  double mean_context = 0;       // mean tokens of KV read per sequence per step
 };
 
 // Prefills `batch` sequences of `context` tokens, then times decode steps.
@@ -169,6 +182,9 @@ absl::StatusOr<DecodeFigures> MeasureDecode(engine::ModelRunner& runner, int bat
   DecodeFigures f;
   f.step_s = Median(times);
   f.tokens_per_s = batch / f.step_s;
+  double total = 0;
+  for (double t : times) total += t;
+  f.mean_tokens_per_s = batch * static_cast<double>(times.size()) / total;
   f.mean_context = context + warmup + (steps - 1) / 2.0 + 1;
   return f;
 }
@@ -235,7 +251,7 @@ int Main() {
   ro.kv_block_size = block_size;
   ro.num_kv_blocks = blocks_per_seq * std::max(batch, 1);
   ro.num_threads = threads;
-  ro.bf16_weights = absl::GetFlag(FLAGS_bf16_weights);
+  ro.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
   std::cerr << "loading ...\n";
   auto runner_or = engine::CreateModelRunner(ro);
   if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
@@ -250,28 +266,32 @@ int Main() {
     return 2;
   }
 
-  // Prefill.
-  std::cerr << "prefill ...\n";
-  const std::vector<int32_t> prompt = Tokens(prompt_len, c.vocab_size, 0);
-  const std::vector<int32_t> table = Table(0, blocks_per_seq);
-  const engine::PrefillSequence seq{prompt, table};
-  std::vector<float> logits;
-  std::vector<double> prefill_times;
-  for (int run = 0; run < warmup + runs; ++run) {
-    auto t0 = Clock::now();
-    if (absl::Status s = PrefillForLogits(runner, {&seq, 1}, nullptr, logits); !s.ok()) {
-      std::cerr << s << "\n";
-      return 1;
+  const bool decode_only = absl::GetFlag(FLAGS_decode_only);
+  double prefill_tps = 0, prefill_gflops = 0;
+  if (!decode_only) {
+    std::cerr << "prefill ...\n";
+    const std::vector<int32_t> prompt = Tokens(prompt_len, c.vocab_size, 0);
+    const std::vector<int32_t> table = Table(0, blocks_per_seq);
+    const engine::PrefillSequence seq{prompt, table};
+    std::vector<float> logits;
+    std::vector<double> prefill_times;
+    for (int run = 0; run < warmup + runs; ++run) {
+      auto t0 = Clock::now();
+      if (absl::Status s = PrefillForLogits(runner, {&seq, 1}, nullptr, logits); !s.ok()) {
+        std::cerr << s << "\n";
+        return 1;
+      }
+      if (run >= warmup) prefill_times.push_back(Seconds(t0, Clock::now()));
     }
-    if (run >= warmup) prefill_times.push_back(Seconds(t0, Clock::now()));
+    const double prefill_s = Median(prefill_times);
+    prefill_tps = prompt_len / prefill_s;
+    prefill_gflops = c.PrefillFlops(prompt_len) / prefill_s / 1e9;
   }
-  const double prefill_s = Median(prefill_times);
-  const double prefill_tps = prompt_len / prefill_s;
-  const double prefill_gflops = c.PrefillFlops(prompt_len) / prefill_s / 1e9;
 
   std::cerr << "decode ...\n";
   auto d1 = MeasureDecode(runner, 1, context, warmup, steps, blocks_per_seq);
-  auto dn = MeasureDecode(runner, batch, context, warmup, steps, blocks_per_seq);
+  auto dn = decode_only ? absl::StatusOr<DecodeFigures>(DecodeFigures{})
+                        : MeasureDecode(runner, batch, context, warmup, steps, blocks_per_seq);
   if (!d1.ok() || !dn.ok()) {
     std::cerr << (d1.ok() ? dn.status() : d1.status()) << "\n";
     return 1;
@@ -298,17 +318,25 @@ int Main() {
       c.architecture.c_str(), c.ParameterCount() / 1e6, c.hidden_size, c.num_layers, c.num_heads,
       c.num_kv_heads, c.intermediate_size, c.vocab_size, c.torch_dtype.c_str(),
       static_cast<double>(runner.DecodeWeightBytes()) / 1e6);
+  std::printf("--weight_dtype=%s, GEMV kernels: %s\n",
+              std::string(engine::WeightDtypeName(absl::GetFlag(FLAGS_weight_dtype))).c_str(),
+              engine::cpu::IsaName(engine::cpu::BestIsa()));
   std::printf("load average (1 min) before / after: %.2f / %.2f\n", load_before, load_after);
   std::printf("%-34s %14s\n", "measurement", "value");
-  std::printf("%-34s %14.1f\n", absl::StrFormat("prefill %d tokens, tokens/s", prompt_len).c_str(),
-              prefill_tps);
-  std::printf("%-34s %14.1f\n", "prefill GFLOP/s", prefill_gflops);
+  if (!decode_only) {
+    std::printf("%-34s %14.1f\n",
+                absl::StrFormat("prefill %d tokens, tokens/s", prompt_len).c_str(), prefill_tps);
+    std::printf("%-34s %14.1f\n", "prefill GFLOP/s", prefill_gflops);
+  }
   std::printf("%-34s %14.2f\n", "decode batch 1, tokens/s", d1->tokens_per_s);
   std::printf("%-34s %14.2f\n", "decode batch 1, ms/step", d1->step_s * 1e3);
-  std::printf("%-34s %14.2f\n", absl::StrFormat("decode batch %d, tokens/s", batch).c_str(),
-              dn->tokens_per_s);
-  std::printf("%-34s %14.2f\n", absl::StrFormat("decode batch %d, ms/step", batch).c_str(),
-              dn->step_s * 1e3);
+  std::printf("%-34s %14.2f\n", "decode batch 1, mean tokens/s", d1->mean_tokens_per_s);
+  if (!decode_only) {
+    std::printf("%-34s %14.2f\n", absl::StrFormat("decode batch %d, tokens/s", batch).c_str(),
+                dn->tokens_per_s);
+    std::printf("%-34s %14.2f\n", absl::StrFormat("decode batch %d, ms/step", batch).c_str(),
+                dn->step_s * 1e3);
+  }
   std::printf("%-34s %14.2f\n", "memory bandwidth copy, GB/s", bw.copy_gbs);
   std::printf("%-34s %14.2f\n", "memory bandwidth triad, GB/s", bw.triad_gbs);
   std::printf("%-34s %14.1f\n", "decode batch 1 bytes/step, MB", (weight_bytes + kv_bytes) / 1e6);
@@ -326,12 +354,14 @@ int Main() {
       {"prefill_gflops", prefill_gflops},
       {"decode_b1_tokens_per_s", d1->tokens_per_s},
       {"decode_b1_step_ms", d1->step_s * 1e3},
+      {"decode_b1_mean_tokens_per_s", d1->mean_tokens_per_s},
       {"decode_batch_tokens_per_s", dn->tokens_per_s},
       {"decode_batch_step_ms", dn->step_s * 1e3},
       {"bandwidth_copy_gbs", bw.copy_gbs},
       {"bandwidth_triad_gbs", bw.triad_gbs},
       {"decode_b1_bytes_per_step", weight_bytes + kv_bytes},
-      {"bf16_weights", absl::GetFlag(FLAGS_bf16_weights)},
+      {"weight_dtype", engine::WeightDtypeName(absl::GetFlag(FLAGS_weight_dtype))},
+      {"gemv_isa", engine::cpu::IsaName(engine::cpu::BestIsa())},
       {"decode_b1_gbs", decode_gbs},
       {"decode_b1_bandwidth_fraction", fraction},
       {"load_average_before", load_before},

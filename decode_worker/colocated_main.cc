@@ -23,6 +23,7 @@
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_orchestrator.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"
@@ -46,6 +47,9 @@ ABSL_FLAG(std::string, worker_id, "colocated",
           "Name in the responses' timings (prefill_worker, decode_worker)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
@@ -55,6 +59,12 @@ ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
           "steps of their own)");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Reuse the cached KV blocks of a prompt's longest cached prefix");
+ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
+          "KV tokens reserved beyond the prompt at admission; later tokens take blocks as they "
+          "come, and the newest sequences are preempted (recomputed later) when blocks run out. "
+          "Negative: every request is reserved whole up front");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -75,7 +85,8 @@ int Main() {
                                            .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
                                            .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
                                            .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                           .num_threads = absl::GetFlag(FLAGS_threads)});
+                                           .num_threads = absl::GetFlag(FLAGS_threads),
+                                           .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)});
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
@@ -105,7 +116,9 @@ int Main() {
           .max_running = absl::GetFlag(FLAGS_max_running),
           .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
           .max_waiting = absl::GetFlag(FLAGS_max_waiting),
-          .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
+          .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
+          .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
+          .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
   colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id));
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);

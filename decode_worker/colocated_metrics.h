@@ -23,6 +23,9 @@ struct ColocatedMetrics {
   prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Counter& prefill_steps;
   prometheus::Counter& decode_steps;
+  prometheus::Counter& prefix_cache_queries;  // tokens looked up at admission
+  prometheus::Counter& prefix_cache_hits;     // tokens found cached
+  prometheus::Counter& preemptions;           // sequences preempted for lack of KV blocks
 };
 
 }  // namespace pdserve::colocated

@@ -13,7 +13,15 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   source.config = *std::move(config);
   // tokenizer.json when the model ships one, else the byte-level tokenizer.
   absl::StatusOr<std::unique_ptr<text::Tokenizer>> tokenizer = text::LoadTokenizer(model_dir);
-  if (!tokenizer.ok()) return tokenizer.status();
+  if (!tokenizer.ok()) {
+    source.text_unavailable =
+        absl::StrCat("the model's tokenizer cannot be loaded: ", tokenizer.status().message());
+    source.chat_unavailable = source.text_unavailable;
+    source.tokenizer = std::make_unique<text::NoTextTokenizer>(source.config.vocab_size);
+    PDSERVE_LOG(WARNING) << source.text_unavailable
+                         << "; serving token_ids requests only (text and chat are refused)";
+    return source;
+  }
   source.tokenizer = *std::move(tokenizer);
   absl::StatusOr<text::ChatTemplate> chat_template = text::LoadChatTemplate(model_dir);
   if (chat_template.ok()) {

@@ -22,12 +22,19 @@ struct PromptSource {
   // `chat_unavailable` as the reason.
   std::optional<text::ChatTemplate> chat_template;
   std::string chat_unavailable = "the model has no chat template";
+  // Empty while text works; else why not (the tokenizer cannot be loaded):
+  // text, chat and stop strings are refused with it, token ids are served,
+  // and replies carry token ids without text (tokenizer is a
+  // text::NoTextTokenizer).
+  std::string text_unavailable;
 
   // Reads a Hugging Face model directory: ModelConfig::FromModelDir, then
   // LoadTokenizer, then LoadChatTemplate. A missing or unusable chat template
   // (outside the supported Jinja subset) is not an error: text and token ids
-  // are still served, and chat requests get the reason. Other failures are
-  // returned.
+  // are still served, and chat requests get the reason. Neither is a
+  // tokenizer that cannot be loaded: token ids are still served, and text
+  // and chat requests get the reason (a start-up warning says so). Other
+  // failures are returned.
   static absl::StatusOr<PromptSource> Load(const std::string& model_dir);
 };
 

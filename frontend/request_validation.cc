@@ -124,6 +124,10 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const Request& request, const P
   std::vector<int32_t> prompt;
   switch (request.input) {
     case Request::Input::kText: {
+      if (!source.text_unavailable.empty()) {
+        return FieldError(names.text,
+                          absl::StrCat(": ", source.text_unavailable, "; send ", names.token_ids));
+      }
       if (request.text.empty()) return FieldError(names.text, " is empty");
       if (absl::Status s = CheckTextSize(request.text.size(), names.text, limit); !s.ok()) return s;
       if (absl::Status s = CheckUtf8(request.text, names.text); !s.ok()) return s;
@@ -170,6 +174,10 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const Request& request, const P
   if (request.stop.size() > kMaxStopStrings) {
     return FieldError(names.stop, absl::StrCat(": at most ", kMaxStopStrings, " strings, got ",
                                                request.stop.size()));
+  }
+  if (!request.stop.empty() && !source.text_unavailable.empty()) {
+    return FieldError(names.stop,
+                      absl::StrCat(": ", source.text_unavailable, "; stop on token ids instead"));
   }
   for (size_t i = 0; i < request.stop.size(); ++i) {
     const std::string& stop = request.stop[i];

@@ -19,4 +19,8 @@ internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token)
 engine::SampledToken LogprobsFromProto(int32_t token,
                                        const internal::v1::SampledLogprobs& logprobs);
 
+// The wire value of a finish reason (the numbering is the same: checked at
+// compile time in sampling_wire.cc).
+v1::FinishReason FinishReasonToProto(engine::FinishReason reason);
+
 }  // namespace pdserve

@@ -244,8 +244,8 @@ absl::Status DisaggregatedGeneration::Place() {
   while (true) {
     std::vector<WorkerView> pool = registry.Live(Role::kDecode, absl::Now());
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
-    std::optional<size_t> pick =
-        orchestrator_->policy()->PickDecode(pool, prompt_len + job_.sampling.max_tokens);
+    std::optional<size_t> pick = orchestrator_->policy()->PickDecode(
+        pool, {.prompt_tokens = prompt_len, .max_tokens = job_.sampling.max_tokens});
     if (!pick) break;
     if (!tried.empty()) orchestrator_->metrics().CountRetry("decode");
     const WorkerDesc worker = pool[*pick].desc;
@@ -290,11 +290,13 @@ absl::Status DisaggregatedGeneration::Place() {
         absl::StrCat("every decode worker refused: ", last_refusal.error_message()));
   }
 
-  // 2. Prefill on a prefill worker; it sends the KV to the reservation and
-  // answers with the first token.
+  // 2. Prefill on the prefill worker the policy picks (the one likely to
+  // hold the prompt's prefix, unless loaded); it sends the KV to the
+  // reservation and answers with the first token.
   std::vector<WorkerView> prefill_pool = registry.Live(Role::kPrefill, absl::Now());
+  const PrefillQuery prefill_query(job_.prompt);
   std::optional<size_t> prefill_pick =
-      orchestrator_->policy()->PickPrefill(prefill_pool, prompt_len);
+      orchestrator_->policy()->PickPrefill(prefill_pool, prefill_query);
   if (!prefill_pick) {
     // The destructor cancels the reservation.
     return frontend::WithRejectReason(absl::UnavailableError("no live prefill worker"),
@@ -315,7 +317,7 @@ absl::Status DisaggregatedGeneration::Place() {
   dispatch_ = absl::Now();
   {
     absl::MutexLock lock(&mu_);
-    prefill_work_ = registry.StartWork(prefill_worker_.id, prompt_len);
+    prefill_work_ = registry.StartPrefill(prefill_pool[*prefill_pick], prefill_query, absl::Now());
   }
   prefill_sent_ = true;
   orchestrator_->PrefillStub(prefill_worker_.address)

@@ -41,7 +41,9 @@ ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "context length)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
-ABSL_FLAG(std::string, routing_policy, "least_loaded", "Routing policy");
+ABSL_FLAG(std::string, routing_policy, "prefix_aware",
+          "Routing policy: prefix_aware (prefill workers likely to hold the prompt's prefix, "
+          "unless loaded) or least_loaded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
 ABSL_FLAG(int, drain_timeout_ms, 30000,

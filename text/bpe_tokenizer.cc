@@ -1,12 +1,15 @@
-// Byte-level BPE from tokenizer.json (see bpe_tokenizer.h). Layout:
+// BPE from tokenizer.json (see bpe_tokenizer.h). Layout:
 //   - load: parse and check every field (a hostile file is an error, never a
 //     crash), build id tables, the merge map keyed by id pair, and tries of
 //     added tokens;
 //   - encode: added-token split -> normalize -> added-token split of
 //     normalized tokens -> pre-tokenize -> BPE per word (cached);
-//   - decode: precomputed raw bytes per id.
-// The model works on raw bytes: vocabulary strings are mapped back through the
-// byte-level alphabet once at load, so encoding never builds alphabet strings.
+//   - decode: precomputed text per id (streaming), the decoder chain over
+//     the tokens' strings (whole texts of text vocabularies).
+// Byte-level vocabularies: the model works on raw bytes; vocabulary strings
+// are mapped back through the byte-level alphabet once at load, so encoding
+// never builds alphabet strings. Text vocabularies (no ByteLevel
+// pre-tokenizer: SentencePiece-converted files) work on UTF-8 characters.
 #include "text/bpe_tokenizer.h"
 
 #include <algorithm>
@@ -19,10 +22,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+#include "text/decoder.h"
 #include "text/normalizer.h"
 #include "text/pretokenizer.h"
 #include "text/utf8.h"
-#include "nlohmann/json.hpp"
 
 namespace pdserve::text {
 namespace {
@@ -37,6 +41,11 @@ absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), 
 
 absl::Status Invalid(std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", Absl(what)));
+}
+
+// `s` as an error of the file's section `where`, keeping its code.
+absl::Status InFile(const absl::Status& s, std::string_view where) {
+  return absl::Status(s.code(), absl::StrCat("tokenizer.json: ", Absl(where), ": ", s.message()));
 }
 
 // `obj[key]` as a bool; `fallback` when absent or null.
@@ -152,14 +161,23 @@ uint64_t PairKey(int32_t a, int32_t b) {
 }  // namespace
 
 struct BpeTokenizer::Impl {
-  // Per id: raw bytes (model tokens, non-special added tokens), content of
-  // special tokens, and kind. Sized vocab_size.
+  // True when the vocabulary is written in the byte-level alphabet (a
+  // ByteLevel pre-tokenizer); false for text vocabularies, whose symbols are
+  // UTF-8 characters and whose text comes from `decoder`.
+  bool byte_level = true;
+  std::optional<Decoder> decoder;  // text vocabularies only
+  // Per id: text inside a stream (raw bytes of model tokens; decoded content
+  // of added tokens), and kind. Sized vocab_size.
   std::vector<std::string> bytes;
   std::vector<TokenKind> kind;
+  // Text vocabularies: per id, the vocabulary string or added-token content
+  // the decoder chain takes.
+  std::vector<std::string> pieces;
   // Vocabulary strings (alphabet form) and added-token contents -> id.
   absl::flat_hash_map<std::string, int32_t> token_to_id;
-  // Raw bytes -> id for model tokens that byte-level text can produce.
-  absl::flat_hash_map<std::string, int32_t> bytes_to_id;
+  // Model tokens by the string the BPE works on (raw bytes for byte-level
+  // vocabularies, the vocabulary string otherwise) -> id.
+  absl::flat_hash_map<std::string, int32_t> word_to_id;
   std::array<int32_t, 256> byte_id;           // single-byte token, -1 if none
   std::array<int32_t, 256> byte_fallback_id;  // "<0xXX>" token, -1 if none
   absl::flat_hash_map<uint64_t, Merge> merges;
@@ -183,7 +201,8 @@ struct BpeTokenizer::Impl {
   const uint64_t serial = next_serial.fetch_add(1);  // identifies this tokenizer's word caches
 
   void Bpe(std::string_view word, std::vector<int32_t>* out) const;
-  void EncodeText(std::string_view text, std::vector<int32_t>* out) const;
+  // `starts_text`: `text` begins the input (no added token before it).
+  void EncodeText(std::string_view text, bool starts_text, std::vector<int32_t>* out) const;
   // Splits `text` around added tokens of `trie`; calls `on_text` for the
   // pieces between them and appends matched token ids to `out`.
   template <typename F>
@@ -193,28 +212,67 @@ struct BpeTokenizer::Impl {
 
 namespace {
 
-// Parses the "normalizer" section.
-absl::StatusOr<std::vector<NormalizationForm>> ParseNormalizer(const Json& n) {
-  std::vector<NormalizationForm> forms;
-  if (n.is_null()) return forms;
+// A Split / Replace "pattern": {"Regex": r} or {"String": s}; sets
+// `*regex` to which.
+absl::StatusOr<std::string> ParsePattern(const Json& parent, std::string_view where, bool* regex) {
+  auto pattern = parent.find("pattern");
+  if (pattern == parent.end() || !pattern->is_object()) {
+    return Invalid(absl::StrCat(Absl(where), " needs a pattern object"));
+  }
+  if (auto r = pattern->find("Regex"); r != pattern->end() && r->is_string()) {
+    *regex = true;
+    return r->get<std::string>();
+  }
+  if (auto s = pattern->find("String"); s != pattern->end() && s->is_string()) {
+    *regex = false;
+    return s->get<std::string>();
+  }
+  return Invalid(absl::StrCat(Absl(where), " pattern needs a Regex or String"));
+}
+
+// Parses the "normalizer" section into `steps`.
+absl::Status ParseNormalizer(const Json& n, std::vector<NormalizerStep>* steps) {
+  if (n.is_null()) return absl::OkStatus();
   absl::StatusOr<std::string> type = TypeOf(n, "normalizer");
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
     auto it = n.find("normalizers");
     if (it == n.end() || !it->is_array()) return Invalid("normalizer Sequence needs normalizers[]");
     for (const Json& sub : *it) {
-      absl::StatusOr<std::vector<NormalizationForm>> f = ParseNormalizer(sub);
-      if (!f.ok()) return f.status();
-      forms.insert(forms.end(), f->begin(), f->end());
+      if (absl::Status s = ParseNormalizer(sub, steps); !s.ok()) return s;
     }
-    return forms;
+    return absl::OkStatus();
   }
-  if (*type == "NFC") return std::vector{NormalizationForm::kNfc};
-  if (*type == "NFD") return std::vector{NormalizationForm::kNfd};
-  if (*type == "NFKC") return std::vector{NormalizationForm::kNfkc};
-  if (*type == "NFKD") return std::vector{NormalizationForm::kNfkd};
-  return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizer ", *type,
-                                               " is not supported (null, NF[K]C/D, Sequence)"));
+  static constexpr std::pair<std::string_view, NormalizationForm> kForms[] = {
+      {"NFC", NormalizationForm::kNfc},
+      {"NFD", NormalizationForm::kNfd},
+      {"NFKC", NormalizationForm::kNfkc},
+      {"NFKD", NormalizationForm::kNfkd}};
+  for (const auto& [name, form] : kForms) {
+    if (*type == name) {
+      steps->push_back(form);
+      return absl::OkStatus();
+    }
+  }
+  if (*type == "Prepend") {
+    absl::StatusOr<std::string> prefix = GetString(n, "prepend", "");
+    if (!prefix.ok()) return prefix.status();
+    steps->push_back(PrependNormalizer{*std::move(prefix)});
+  } else if (*type == "Replace") {
+    ReplaceNormalizer replace;
+    absl::StatusOr<std::string> pattern = ParsePattern(n, "Replace", &replace.regex);
+    if (!pattern.ok()) return pattern.status();
+    absl::StatusOr<std::string> content = GetString(n, "content", "");
+    if (!content.ok()) return content.status();
+    replace.pattern = *std::move(pattern);
+    replace.content = *std::move(content);
+    steps->push_back(std::move(replace));
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: normalizer ", *type,
+                     " is not supported (null, NF[K]C/D, Prepend, Replace, Sequence)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SplitBehavior> ParseBehavior(const std::string& b) {
@@ -224,6 +282,39 @@ absl::StatusOr<SplitBehavior> ParseBehavior(const std::string& b) {
   if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (b == "Contiguous") return SplitBehavior::kContiguous;
   return Invalid(absl::StrCat("unknown Split behavior ", b));
+}
+
+// A Metaspace pre-tokenizer or decoder: "replacement", "prepend_scheme"
+// (first / always / never; older files: "add_prefix_space", false meaning
+// never), "split" (default true).
+absl::StatusOr<MetaspaceStep> ParseMetaspace(const Json& p) {
+  MetaspaceStep step;
+  absl::StatusOr<std::string> replacement = GetString(p, "replacement", "\u2581");
+  if (!replacement.ok()) return replacement.status();
+  step.replacement = *std::move(replacement);
+  absl::StatusOr<std::string> scheme = GetString(p, "prepend_scheme", "always");
+  if (!scheme.ok()) return scheme.status();
+  if (*scheme == "always") {
+    step.prepend_scheme = PrependScheme::kAlways;
+  } else if (*scheme == "first") {
+    step.prepend_scheme = PrependScheme::kFirst;
+  } else if (*scheme == "never") {
+    step.prepend_scheme = PrependScheme::kNever;
+  } else {
+    return Invalid(absl::StrCat("Metaspace: unknown prepend_scheme ", *scheme));
+  }
+  absl::StatusOr<bool> add_prefix_space = GetBool(p, "add_prefix_space", true);
+  if (!add_prefix_space.ok()) return add_prefix_space.status();
+  if (!*add_prefix_space) {
+    if (p.contains("prepend_scheme") && step.prepend_scheme != PrependScheme::kNever) {
+      return Invalid("Metaspace: add_prefix_space false contradicts prepend_scheme");
+    }
+    step.prepend_scheme = PrependScheme::kNever;
+  }
+  absl::StatusOr<bool> split = GetBool(p, "split", true);
+  if (!split.ok()) return split.status();
+  step.split = *split;
+  return step;
 }
 
 absl::Status ParsePreTokenizer(const Json& p, std::vector<PreTokenizerStep>* steps) {
@@ -251,20 +342,11 @@ absl::Status ParsePreTokenizer(const Json& p, std::vector<PreTokenizerStep>* ste
     return absl::OkStatus();
   }
   if (*type == "Split") {
-    auto pattern = p.find("pattern");
-    if (pattern == p.end() || !pattern->is_object()) return Invalid("Split needs a pattern object");
-    std::string text;
-    bool literal;
-    if (auto r = pattern->find("Regex"); r != pattern->end() && r->is_string()) {
-      text = r->get<std::string>();
-      literal = false;
-    } else if (auto s = pattern->find("String"); s != pattern->end() && s->is_string()) {
-      text = s->get<std::string>();
-      literal = true;
-    } else {
-      return Invalid("Split pattern needs a Regex or String");
-    }
-    absl::StatusOr<std::unique_ptr<RegexSplitter>> regex = RegexSplitter::Create(text, literal);
+    bool is_regex = false;
+    absl::StatusOr<std::string> text = ParsePattern(p, "Split", &is_regex);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::unique_ptr<RegexSplitter>> regex =
+        RegexSplitter::Create(*text, /*literal=*/!is_regex);
     if (!regex.ok()) return Invalid(absl::StrCat("Split: ", regex.status().message()));
     absl::StatusOr<std::string> behavior = GetString(p, "behavior", "Isolated");
     if (!behavior.ok()) return behavior.status();
@@ -276,25 +358,72 @@ absl::Status ParsePreTokenizer(const Json& p, std::vector<PreTokenizerStep>* ste
         SplitStep{std::shared_ptr<const RegexSplitter>(*std::move(regex)), *b, *invert});
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat("tokenizer.json: pre_tokenizer ", *type,
-                                               " is not supported (Split, ByteLevel, Sequence)"));
+  if (*type == "Metaspace") {
+    absl::StatusOr<MetaspaceStep> step = ParseMetaspace(p);
+    if (!step.ok()) return step.status();
+    steps->push_back(*std::move(step));
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.json: pre_tokenizer ", *type,
+                   " is not supported (Split, ByteLevel, Metaspace, Sequence)"));
 }
 
-absl::Status ParseDecoder(const Json& d) {
+absl::Status ParseDecoder(const Json& d, std::vector<DecoderStep>* steps) {
   if (d.is_null()) return absl::OkStatus();
   absl::StatusOr<std::string> type = TypeOf(d, "decoder");
   if (!type.ok()) return type.status();
-  if (*type == "ByteLevel" || *type == "ByteFallback") return absl::OkStatus();
   if (*type == "Sequence") {
     auto it = d.find("decoders");
     if (it == d.end() || !it->is_array()) return Invalid("decoder Sequence needs decoders[]");
     for (const Json& sub : *it) {
-      if (absl::Status s = ParseDecoder(sub); !s.ok()) return s;
+      if (absl::Status s = ParseDecoder(sub, steps); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(
-      absl::StrCat("tokenizer.json: decoder ", *type, " is not supported (ByteLevel)"));
+  if (*type == "ByteLevel") {
+    steps->push_back(ByteLevelDecoder{});
+  } else if (*type == "ByteFallback") {
+    steps->push_back(ByteFallbackDecoder{});
+  } else if (*type == "Fuse") {
+    steps->push_back(FuseDecoder{});
+  } else if (*type == "Replace") {
+    bool regex = false;
+    absl::StatusOr<std::string> pattern = ParsePattern(d, "decoder Replace", &regex);
+    if (!pattern.ok()) return pattern.status();
+    if (regex) {
+      return absl::UnimplementedError(
+          "tokenizer.json: decoder Replace with a Regex pattern is not supported");
+    }
+    absl::StatusOr<std::string> content = GetString(d, "content", "");
+    if (!content.ok()) return content.status();
+    steps->push_back(ReplaceDecoder{*std::move(pattern), *std::move(content)});
+  } else if (*type == "Strip") {
+    StripDecoder strip;
+    absl::StatusOr<std::string> content = GetString(d, "content", " ");
+    if (!content.ok()) return content.status();
+    strip.content = *std::move(content);
+    for (auto [key, field] : {std::pair{"start", &strip.start}, std::pair{"stop", &strip.stop}}) {
+      auto it = d.find(key);
+      if (it == d.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1024) {
+        return Invalid(absl::StrCat("decoder Strip: ", key, " must be an integer in [0, 1024]"));
+      }
+      *field = it->get<int>();
+    }
+    steps->push_back(std::move(strip));
+  } else if (*type == "Metaspace") {
+    absl::StatusOr<MetaspaceStep> meta = ParseMetaspace(d);
+    if (!meta.ok()) return meta.status();
+    steps->push_back(
+        MetaspaceDecoder{meta->replacement, meta->prepend_scheme != PrependScheme::kNever});
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: decoder ", *type,
+                     " is not supported (ByteLevel, ByteFallback, Fuse, Replace, Strip, "
+                     "Metaspace, Sequence)"));
+  }
+  return absl::OkStatus();
 }
 
 // Collects the ids a post-processor adds around a single sequence.
@@ -393,6 +522,32 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
   if (!root.is_object()) return Invalid("top level must be an object");
   auto impl = std::make_unique<Impl>();
 
+  // --- normalizer, pre-tokenizer, decoder ---
+  std::vector<NormalizerStep> normalizer_steps;
+  if (absl::Status s = ParseNormalizer(root.value("normalizer", Json()), &normalizer_steps);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Normalizer> normalizer = Normalizer::Create(std::move(normalizer_steps));
+  if (!normalizer.ok()) return InFile(normalizer.status(), "normalizer");
+  impl->normalizer = *std::move(normalizer);
+
+  std::vector<PreTokenizerStep> steps;
+  if (absl::Status s = ParsePreTokenizer(root.value("pre_tokenizer", Json()), &steps); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<PreTokenizer> pre = PreTokenizer::Create(std::move(steps));
+  if (!pre.ok()) return InFile(pre.status(), "pre_tokenizer");
+  impl->byte_level = pre->has_byte_level();
+  impl->pre_tokenizer = *std::move(pre);
+  std::vector<DecoderStep> decoder_steps;
+  if (absl::Status s = ParseDecoder(root.value("decoder", Json()), &decoder_steps); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Decoder> decoder = Decoder::Create(std::move(decoder_steps));
+  if (!decoder.ok()) return InFile(decoder.status(), "decoder");
+  if (!impl->byte_level) impl->decoder = *std::move(decoder);
+
   // --- model ---
   auto model_it = root.find("model");
   if (model_it == root.end()) return Invalid("no model");
@@ -487,15 +642,22 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
   impl->byte_id.fill(-1);
   impl->byte_fallback_id.fill(-1);
   impl->token_to_id.reserve(vocab.size() + impl->added.size());
-  impl->bytes_to_id.reserve(vocab.size());
+  impl->word_to_id.reserve(vocab.size());
+  if (!impl->byte_level) impl->pieces.assign(size, "");
   for (auto& [token, id] : vocab) {
     if (impl->kind[id] != TokenKind::kNone) {
       return Invalid(absl::StrCat("model.vocab: id ", id, " is used twice"));
     }
     impl->kind[id] = TokenKind::kModel;
-    std::optional<std::string> raw = ByteLevelAlphabet::Decode(token);
-    if (raw.has_value()) {
-      impl->bytes_to_id.emplace(*raw, id);
+    if (!impl->byte_level) {
+      // Text vocabulary: the BPE works on the string itself; its text is
+      // what the decoder chain makes of it.
+      if (!utf8::IsValid(token)) return Invalid("model.vocab: a token is not UTF-8");
+      impl->word_to_id.emplace(token, id);
+      impl->bytes[id] = impl->decoder->DecodeToken(token);
+      impl->pieces[id] = token;
+    } else if (std::optional<std::string> raw = ByteLevelAlphabet::Decode(token); raw.has_value()) {
+      impl->word_to_id.emplace(*raw, id);
       if (raw->size() == 1) impl->byte_id[static_cast<uint8_t>((*raw)[0])] = id;
       impl->bytes[id] = *std::move(raw);
     } else {
@@ -516,8 +678,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
     impl->token_to_id.emplace(std::move(token), id);
   }
   vocab.clear();
-  if (impl->byte_fallback) {
-    // <0xXX> tokens decode to their byte.
+  if (impl->byte_level && impl->byte_fallback) {
+    // <0xXX> tokens decode to their byte (text vocabularies: if the decoder
+    // has ByteFallback).
     for (int b = 0; b < 256; ++b) {
       if (impl->byte_fallback_id[b] >= 0)
         impl->bytes[impl->byte_fallback_id[b]] = std::string(1, char(b));
@@ -525,7 +688,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
   }
   for (const AddedToken& t : impl->added) {
     impl->kind[t.id] = t.special ? TokenKind::kSpecial : TokenKind::kAdded;
-    impl->bytes[t.id] = t.content;
+    impl->bytes[t.id] = impl->byte_level ? t.content : impl->decoder->DecodeToken(t.content);
+    if (!impl->byte_level) impl->pieces[t.id] = t.content;
     impl->token_to_id.insert_or_assign(t.content, t.id);
   }
 
@@ -574,26 +738,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
     }
   }
 
-  // --- normalizer, pre-tokenizer, decoder, post-processor ---
-  absl::StatusOr<std::vector<NormalizationForm>> forms =
-      ParseNormalizer(root.value("normalizer", Json()));
-  if (!forms.ok()) return forms.status();
-  absl::StatusOr<Normalizer> normalizer = Normalizer::Create(*std::move(forms));
-  if (!normalizer.ok()) return normalizer.status();
-  impl->normalizer = *std::move(normalizer);
-
-  std::vector<PreTokenizerStep> steps;
-  if (absl::Status s = ParsePreTokenizer(root.value("pre_tokenizer", Json()), &steps); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<PreTokenizer> pre = PreTokenizer::Create(std::move(steps));
-  if (!pre.ok()) return pre.status();
-  if (!pre->has_byte_level()) {
-    return absl::UnimplementedError(
-        "tokenizer.json: only byte-level BPE is supported (no ByteLevel pre_tokenizer)");
-  }
-  impl->pre_tokenizer = *std::move(pre);
-  if (absl::Status s = ParseDecoder(root.value("decoder", Json())); !s.ok()) return s;
+  // --- post-processor ---
   if (absl::Status s = ParsePostProcessor(root.value("post_processor", Json()), impl->token_to_id,
                                           &impl->prefix, &impl->suffix);
       !s.ok()) {
@@ -723,11 +868,12 @@ void BpeTokenizer::Impl::SplitAdded(const Trie& trie, std::string_view text, boo
   if (emitted < text.size()) on_text(text.substr(emitted));
 }
 
-void BpeTokenizer::Impl::EncodeText(std::string_view text, std::vector<int32_t>* out) const {
-  for (const std::string& word : pre_tokenizer.Split(text)) {
+void BpeTokenizer::Impl::EncodeText(std::string_view text, bool starts_text,
+                                    std::vector<int32_t>* out) const {
+  for (const std::string& word : pre_tokenizer.Split(text, starts_text)) {
     if (ignore_merges) {
-      auto it = bytes_to_id.find(Absl(word));
-      if (it != bytes_to_id.end()) {
+      auto it = word_to_id.find(Absl(word));
+      if (it != word_to_id.end()) {
         out->push_back(it->second);
         continue;
       }
@@ -773,15 +919,40 @@ void BpeTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>* out) c
     const int32_t n = static_cast<int32_t>(symbols.size());
     symbols.push_back({id, n - 1, n + 1, true});
   };
-  for (char c : word) {
-    const uint8_t b = static_cast<uint8_t>(c);
-    if (byte_id[b] >= 0 || (byte_fallback && byte_fallback_id[b] >= 0)) {
+  // Symbols are bytes (byte-level vocabularies) or characters (text
+  // vocabularies, where a character outside the vocabulary falls back to its
+  // <0xXX> tokens when all exist).
+  for (size_t i = 0; i < word.size();) {
+    size_t end = i;  // of this symbol
+    int32_t id = -1;
+    bool fallback = false;
+    if (byte_level) {
+      const uint8_t b = static_cast<uint8_t>(word[end++]);
+      id = byte_id[b] >= 0 ? byte_id[b] : byte_fallback ? byte_fallback_id[b] : -1;
+    } else {
+      utf8::Next(word, &end);
+      auto it = word_to_id.find(Absl(word.substr(i, end - i)));
+      if (it != word_to_id.end()) {
+        id = it->second;
+      } else if (byte_fallback) {
+        fallback = true;
+        for (size_t k = i; k < end; ++k) {
+          fallback = fallback && byte_fallback_id[static_cast<uint8_t>(word[k])] >= 0;
+        }
+      }
+    }
+    if (id >= 0 || fallback) {
       if (pending_unk >= 0) push(pending_unk), pending_unk = -1;
-      push(byte_id[b] >= 0 ? byte_id[b] : byte_fallback_id[b]);
+      if (id >= 0) {
+        push(id);
+      } else {
+        for (size_t k = i; k < end; ++k) push(byte_fallback_id[static_cast<uint8_t>(word[k])]);
+      }
     } else if (unk_id >= 0) {
       if (pending_unk >= 0 && !fuse_unk) push(pending_unk);
       pending_unk = unk_id;
-    }  // else: HF drops the byte
+    }  // else: HF drops the symbol
+    i = end;
   }
   if (pending_unk >= 0) push(pending_unk);
   if (symbols.empty()) return;
@@ -836,13 +1007,15 @@ std::vector<int32_t> BpeTokenizer::EncodeImpl(std::string_view text, bool parse_
   ids.reserve(text.size() / 3 + 4);
   const Impl& m = *impl_;
   m.SplitAdded(m.raw_trie, text, parse_special, &ids, [&](std::string_view piece) {
+    const bool starts_text = piece.data() == text.data();
     if (m.normalizer.empty()) {
-      m.EncodeText(piece, &ids);
+      m.EncodeText(piece, starts_text, &ids);
       return;
     }
     const std::string normalized = m.normalizer.Normalize(piece);
-    m.SplitAdded(m.normalized_trie, normalized, parse_special, &ids,
-                 [&](std::string_view sub) { m.EncodeText(sub, &ids); });
+    m.SplitAdded(m.normalized_trie, normalized, parse_special, &ids, [&](std::string_view sub) {
+      m.EncodeText(sub, starts_text && sub.data() == normalized.data(), &ids);
+    });
   });
   return ids;
 }
@@ -853,6 +1026,20 @@ std::vector<int32_t> BpeTokenizer::Encode(std::string_view text) const {
 
 std::vector<int32_t> BpeTokenizer::EncodeOrdinary(std::string_view text) const {
   return EncodeImpl(text, /*parse_special=*/false);
+}
+
+std::string BpeTokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  if (m.byte_level) return Tokenizer::Decode(ids, skip_special_tokens);
+  std::vector<std::string_view> pieces;
+  pieces.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= m.kind.size()) continue;
+    const TokenKind kind = m.kind[id];
+    if (kind == TokenKind::kNone || (skip_special_tokens && kind == TokenKind::kSpecial)) continue;
+    pieces.push_back(m.pieces[id]);
+  }
+  return utf8::Repair(m.decoder->Decode(pieces));
 }
 
 std::string BpeTokenizer::TokenBytes(int32_t token) const {

@@ -1,22 +1,40 @@
-// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (the GPT-2
-// family: Llama 3, Qwen2/2.5/3, ...), following the Rust `tokenizers`
-// library's semantics:
+// BPE tokenizer read from a Hugging Face tokenizer.json, following the Rust
+// `tokenizers` library's semantics. Two kinds of files:
+//   - byte-level BPE (a ByteLevel pre-tokenizer; the GPT-2 family: Llama 3,
+//     Qwen2/2.5/3): the vocabulary is written in the byte-level alphabet and
+//     the model merges bytes;
+//   - text BPE (no ByteLevel pre-tokenizer; SentencePiece-converted files:
+//     Llama 2, Mistral 7B v0.1, ...): the vocabulary is UTF-8 text ("▁the"),
+//     the model merges characters, a character outside the vocabulary falls
+//     back to its <0xXX> byte tokens (byte_fallback) or to unk_token (fused
+//     into one with fuse_unk), and the decoder chain turns tokens into text.
+// Encoding:
 //   1. added tokens (special or not) are cut out of the raw text first
 //      (leftmost-longest; lstrip/rstrip/single_word honoured), then those
 //      marked "normalized" out of the normalized rest;
-//   2. normalizer: null, NFC/NFD/NFKC/NFKD or a Sequence of them (ICU);
-//   3. pre_tokenizer: Split(Regex|String, any behaviour, invert) and
-//      ByteLevel, alone or in a Sequence (see pretokenizer.h);
+//   2. normalizer: null, NFC/NFD/NFKC/NFKD, Prepend, Replace or a Sequence
+//      of them (see normalizer.h), per piece between added tokens;
+//   3. pre_tokenizer: null, Split(Regex|String, any behaviour, invert),
+//      ByteLevel and Metaspace, alone or in a Sequence (see pretokenizer.h);
 //   4. model BPE with merges as "a b" strings or [a, b] pairs, ignore_merges,
-//      byte_fallback (<0xXX>) and unk_token; merges are applied lowest rank
+//      byte_fallback, unk_token and fuse_unk; merges are applied lowest rank
 //      first, leftmost first among equals.
-// Other components (WordPiece, Unigram, Metaspace, Replace, ...) are refused
-// with UNIMPLEMENTED. The post_processor is not applied; add_bos_token() and
-// prefix_tokens() report what it would add.
+// decoder: ByteLevel, ByteFallback, Fuse, Replace(String), Strip, Metaspace,
+// Sequence (see decoder.h). Other components (WordPiece, Unigram, ...) are
+// refused with UNIMPLEMENTED. The post_processor is not applied;
+// add_bos_token() and prefix_tokens() report what it would add.
 //
-// Encoding repairs ill-formed UTF-8 input to U+FFFD first. Decoding maps
-// tokens back to raw bytes (the byte-level alphabet reversed); added tokens
-// decode to their content. Thread-safe; a small sharded cache keeps the BPE
+// Encoding repairs ill-formed UTF-8 input to U+FFFD first. TokenBytes gives a
+// token's text inside a stream: raw bytes (byte-level alphabet reversed;
+// <0xXX> tokens with a ByteFallback decoder), the decoder chain's text of a
+// token that is not first (text vocabularies: "▁the" -> " the"); added
+// tokens give their content. Decode of a text vocabulary runs the decoder
+// chain over the whole sequence, which drops the space encoding put before
+// the first word (Strip, Metaspace): so Decode(ids) may lack a leading space
+// that an IncrementalDetokenizer continuing a prompt shows. Invalid UTF-8
+// from byte tokens becomes U+FFFD per maximal ill-formed subpart (as the
+// WHATWG decoder and transformers.js do; the Rust library's ByteFallback
+// writes one per byte). Thread-safe; a small per-thread cache keeps the BPE
 // result of recent words.
 #pragma once
 
@@ -56,6 +74,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<int32_t> Encode(std::string_view text) const override;
   std::vector<int32_t> EncodeOrdinary(std::string_view text) const override;
+  std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const override;
   std::string TokenBytes(int32_t token) const override;
   std::string SpecialTokenText(int32_t token) const override;
   bool IsSpecial(int32_t token) const override;

@@ -290,6 +290,12 @@ absl::StatusOr<PreTokenizer> PreTokenizer::Create(std::vector<PreTokenizerStep> 
     if (const auto* split = std::get_if<SplitStep>(&step)) {
       if (split->pattern == nullptr)
         return absl::InvalidArgumentError("Split step without pattern");
+    } else if (const auto* meta = std::get_if<MetaspaceStep>(&step)) {
+      size_t end = 0;
+      if (meta->replacement.empty() || !utf8::IsValid(meta->replacement) ||
+          (utf8::Next(meta->replacement, &end), end != meta->replacement.size())) {
+        return absl::InvalidArgumentError("Metaspace replacement must be one character");
+      }
     } else if (std::get<ByteLevelStep>(step).use_regex && p.gpt2_ == nullptr) {
       absl::StatusOr<std::unique_ptr<RegexSplitter>> gpt2 = RegexSplitter::Create(kGpt2Pattern);
       if (!gpt2.ok()) return gpt2.status();
@@ -307,35 +313,89 @@ bool PreTokenizer::has_byte_level() const {
   return false;
 }
 
-std::vector<std::string> PreTokenizer::Split(std::string_view text) const {
-  std::vector<std::string> words;
-  if (text.empty()) return words;
-  words.emplace_back(text);
+namespace {
+
+// A word being split, and whether it starts the original text.
+struct Word {
+  std::string text;
+  bool starts_text;
+};
+
+// Appends the pieces `ranges` of `word` to `out`; only a piece at offset 0 of
+// a word that starts the text starts it too.
+void AppendPieces(const Word& word, const std::vector<Range>& ranges, std::vector<Word>* out) {
+  for (const auto& [b, e] : ranges) {
+    out->push_back({word.text.substr(b, e - b), word.starts_text && b == 0});
+  }
+}
+
+// The Metaspace step on one word.
+void Metaspace(const MetaspaceStep& step, Word word, std::vector<Word>* out) {
+  std::string replaced;
+  for (char c : word.text) {
+    if (c == ' ') {
+      replaced += step.replacement;
+    } else {
+      replaced.push_back(c);
+    }
+  }
+  const bool prepend = step.prepend_scheme == PrependScheme::kAlways ||
+                       (step.prepend_scheme == PrependScheme::kFirst && word.starts_text);
+  if (prepend && !replaced.starts_with(step.replacement)) replaced.insert(0, step.replacement);
+  word.text = std::move(replaced);
+  if (!step.split) {
+    out->push_back(std::move(word));
+    return;
+  }
+  std::vector<std::pair<Range, bool>> pieces;
+  size_t prev = 0;
+  const size_t n = step.replacement.size();
+  for (size_t pos = word.text.find(step.replacement); pos != std::string::npos;
+       pos = word.text.find(step.replacement, pos + n)) {
+    if (prev != pos) pieces.push_back({{prev, pos}, false});
+    pieces.push_back({{pos, pos + n}, true});
+    prev = pos + n;
+  }
+  if (prev != word.text.size()) pieces.push_back({{prev, word.text.size()}, false});
+  AppendPieces(word, ApplyBehavior(pieces, SplitBehavior::kMergedWithNext), out);
+}
+
+}  // namespace
+
+std::vector<std::string> PreTokenizer::Split(std::string_view text, bool starts_text) const {
+  std::vector<std::string> result;
+  if (text.empty()) return result;
+  std::vector<Word> words = {{std::string(text), starts_text}};
   for (const PreTokenizerStep& step : steps_) {
-    std::vector<std::string> next;
+    std::vector<Word> next;
     next.reserve(words.size());
-    for (std::string& word : words) {
+    for (Word& word : words) {
       if (const auto* split = std::get_if<SplitStep>(&step)) {
-        for (const auto& [b, e] :
-             ApplyBehavior(MatchPieces(*split->pattern, word, split->invert), split->behavior)) {
-          next.emplace_back(word.substr(b, e - b));
-        }
+        AppendPieces(
+            word,
+            ApplyBehavior(MatchPieces(*split->pattern, word.text, split->invert), split->behavior),
+            &next);
+        continue;
+      }
+      if (const auto* meta = std::get_if<MetaspaceStep>(&step)) {
+        Metaspace(*meta, std::move(word), &next);
         continue;
       }
       const ByteLevelStep& bl = std::get<ByteLevelStep>(step);
-      if (bl.add_prefix_space && word.front() != ' ') word.insert(word.begin(), ' ');
+      if (bl.add_prefix_space && word.text.front() != ' ') word.text.insert(word.text.begin(), ' ');
       if (!bl.use_regex) {
         next.push_back(std::move(word));
         continue;
       }
-      for (const auto& [b, e] :
-           ApplyBehavior(MatchPieces(*gpt2_, word, false), SplitBehavior::kIsolated)) {
-        next.emplace_back(word.substr(b, e - b));
-      }
+      AppendPieces(word,
+                   ApplyBehavior(MatchPieces(*gpt2_, word.text, false), SplitBehavior::kIsolated),
+                   &next);
     }
     words = std::move(next);
   }
-  return words;
+  result.reserve(words.size());
+  for (Word& word : words) result.push_back(std::move(word.text));
+  return result;
 }
 
 }  // namespace pdserve::text

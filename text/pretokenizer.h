@@ -1,7 +1,8 @@
-// Pre-tokenization for byte-level BPE (Hugging Face tokenizers semantics):
-// split normalized text into words by regex (Split) and the GPT-2 rules
-// (ByteLevel), and the byte-level alphabet that maps bytes to the printable
-// characters vocabularies are written in ("Ġ" is the space byte).
+// Pre-tokenization (Hugging Face tokenizers semantics): split normalized text
+// into words by regex (Split), the GPT-2 rules (ByteLevel) or SentencePiece's
+// spaces (Metaspace), and the byte-level alphabet that maps bytes to the
+// printable characters byte-level vocabularies are written in ("Ġ" is the
+// space byte).
 //
 // Regexes are Oniguruma-syntax patterns from tokenizer.json, compiled with
 // PCRE2 (UTF + UCP) and JIT once. \s and \S are rewritten to the Unicode
@@ -78,17 +79,36 @@ struct ByteLevelStep {
   bool use_regex = true;          // split with the GPT-2 regex
 };
 
-using PreTokenizerStep = std::variant<SplitStep, ByteLevelStep>;
+// Where Metaspace puts a replacement character before a piece that lacks one.
+enum class PrependScheme {
+  kAlways,  // before every piece
+  kFirst,   // only before the piece that starts the text (not after an added token)
+  kNever,
+};
+
+// Metaspace pre-tokenizer step: spaces become `replacement` ("▁"), which is
+// prepended as `prepend_scheme` says; with `split`, the piece is then cut
+// before every replacement character (each word keeps its leading "▁").
+struct MetaspaceStep {
+  std::string replacement = "\u2581";  // one character
+  PrependScheme prepend_scheme = PrependScheme::kAlways;
+  bool split = true;
+};
+
+using PreTokenizerStep = std::variant<SplitStep, ByteLevelStep, MetaspaceStep>;
 
 // A sequence of steps; each refines every piece the previous ones produced.
 class PreTokenizer {
  public:
-  // Fails if a regex (the GPT-2 one for ByteLevel) does not compile.
+  // Fails if a regex (the GPT-2 one for ByteLevel) does not compile, or a
+  // Metaspace replacement is not one UTF-8 character.
   static absl::StatusOr<PreTokenizer> Create(std::vector<PreTokenizerStep> steps);
 
   // Splits valid UTF-8 `text` into non-empty words (byte strings; a prefix
-  // space may make a word not a substring of `text`).
-  std::vector<std::string> Split(std::string_view text) const;
+  // space or "▁" may make a word not a substring of `text`).
+  // `starts_text`: `text` begins the original input (it does not follow an
+  // added token), which is where PrependScheme::kFirst prepends.
+  std::vector<std::string> Split(std::string_view text, bool starts_text = true) const;
 
   bool has_byte_level() const;
 

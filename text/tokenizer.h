@@ -1,8 +1,9 @@
 // Tokenizers turn text into token ids and back. The router tokenizes and
 // detokenizes; workers see token ids only.
 //
-// Implementations: ByteTokenizer (below: token b is byte b) and BpeTokenizer
-// (text/bpe_tokenizer.h: Hugging Face tokenizer.json, byte-level BPE).
+// Implementations: ByteTokenizer (below: token b is byte b), NoTextTokenizer
+// (ids only) and BpeTokenizer (text/bpe_tokenizer.h: Hugging Face
+// tokenizer.json, byte-level and text BPE).
 // text/tokenizer_loader.h picks one for a model directory. All methods are
 // const and safe to call from many threads at once.
 #pragma once
@@ -62,11 +63,15 @@ class Tokenizer {
   // One past the largest token id (ids below it may still have no token).
   virtual int vocab_size() const = 0;
 
-  // Text of `ids`: bytes of all tokens, with special tokens as their text
-  // unless skipped, made valid UTF-8 (ill-formed bytes become U+FFFD the way
-  // IncrementalDetokenizer does it). Equals the concatenated deltas of an
-  // IncrementalDetokenizer with the same option, flushed.
-  std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
+  // Text of `ids` as one text (Hugging Face's decode, without
+  // clean_up_tokenization_spaces): bytes of all tokens, with special tokens
+  // as their text unless skipped, made valid UTF-8 (ill-formed bytes become
+  // U+FFFD the way IncrementalDetokenizer does it). By default the
+  // concatenated deltas of an IncrementalDetokenizer with the same option,
+  // flushed; a tokenizer whose decoder treats the start of a text apart
+  // (SentencePiece's leading "▁", see bpe_tokenizer.h) overrides it, and
+  // then the stream keeps what Decode drops there.
+  virtual std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
 };
 
 // Byte-level tokenizer: token b (0..255) is byte b; ids >= 256 are special
@@ -77,6 +82,20 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<int32_t> Encode(std::string_view text) const override;
   std::string TokenBytes(int32_t token) const override;
   bool IsSpecial(int32_t token) const override { return token >= 256 && token < vocab_size_; }
+  int vocab_size() const override { return vocab_size_; }
+
+ private:
+  int vocab_size_;
+};
+
+// Token ids without text, for a model whose tokenizer files cannot be used:
+// Encode gives nothing and every token has empty text. Whoever holds it must
+// refuse text input (the router does).
+class NoTextTokenizer final : public Tokenizer {
+ public:
+  explicit NoTextTokenizer(int vocab_size) : vocab_size_(vocab_size) {}
+  std::vector<int32_t> Encode(std::string_view) const override { return {}; }
+  std::string TokenBytes(int32_t) const override { return ""; }
   int vocab_size() const override { return vocab_size_; }
 
  private:

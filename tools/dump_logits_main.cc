@@ -9,6 +9,7 @@
 //                   `sequence`: Prefill of its first token, then one Decode
 //                   per token (the decode path, paged KV cache included)
 //   pdserve_dump_logits --model_dir=DIR --tokens=1,2,3 [--max_tokens=32]
+//       [--weight_dtype=auto|f32|bf16|int8]
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -21,12 +22,15 @@
 #include "common/cli.h"
 #include "engine/runtime/generator.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/weight_dtype.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, tokens, "", "Comma-separated prompt token ids");
 ABSL_FLAG(int, max_tokens, 32, "Greedy tokens to generate (>= 1)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0: all cores");
+ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
+          "How weight matrices are kept in memory: auto, f32, bf16 or int8");
 
 namespace pdserve::engine {
 namespace {
@@ -55,6 +59,7 @@ int Main() {
   options.kv_block_size = 16;
   options.num_kv_blocks = static_cast<int>((prompt.size() + max_tokens) / 16 + 2);
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(options);
   if (!runner.ok()) return Fail(runner.status());
   ModelRunner& r = **runner;

@@ -1,15 +1,17 @@
 #include "tools/tokenizer_writer.h"
 
-#include <cctype>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "text/pretokenizer.h"
 #include "nlohmann/json.hpp"
+#include "text/pretokenizer.h"
 
 namespace pdserve::engine {
 namespace {
@@ -31,7 +33,7 @@ constexpr char kLlama3ChatTemplate[] =
     "%}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
-// The text the merges are learned from.
+// The text the merges are learned from when the caller gives none.
 constexpr char kCorpus[] =
     "The prefill pool runs the prompt once and builds the key and value cache. The decode pool "
     "then generates the rest of the answer one token at a time, and the router streams each token "
@@ -42,33 +44,19 @@ constexpr char kCorpus[] =
     "tokenizer files. There is an answer for every question in the world, and the best of them are "
     "the ones that are written in the simplest words. This is the end of the text.";
 
-// Words as the Llama 3 pattern would cut plain English: an optional leading
-// space and a run of letters, or one other byte.
-std::vector<std::string> SplitWords(std::string_view text) {
-  std::vector<std::string> words;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = i;
-    if (text[j] == ' ' && j + 1 < text.size() &&
-        std::isalpha(static_cast<unsigned char>(text[j + 1])))
-      ++j;
-    if (std::isalpha(static_cast<unsigned char>(text[j]))) {
-      while (j < text.size() && std::isalpha(static_cast<unsigned char>(text[j]))) ++j;
-    } else {
-      j = i + 1;
-    }
-    words.emplace_back(text.substr(i, j - i));
-    i = j;
-  }
-  return words;
-}
-
-// Byte-pair training: repeatedly merges the most frequent adjacent pair
-// (ties: the smallest pair in byte order) until `max_merges` merges are made
-// or no pair occurs twice. Deterministic.
-std::vector<std::pair<std::string, std::string>> LearnMerges(int max_merges) {
+// Byte-pair training over the words the Llama 3 pattern cuts `corpus` into:
+// repeatedly merges the most frequent adjacent pair (ties: the smallest pair
+// in byte order) until `max_merges` merges are made or no pair occurs twice.
+// Deterministic. INVALID_ARGUMENT if the pattern does not compile.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LearnMerges(
+    std::string_view corpus, int max_merges) {
+  absl::StatusOr<std::unique_ptr<text::RegexSplitter>> splitter =
+      text::RegexSplitter::Create(kLlama3Regex);
+  if (!splitter.ok()) return splitter.status();
   std::map<std::string, int> word_counts;
-  for (std::string& w : SplitWords(kCorpus)) ++word_counts[w];
+  for (const auto& [begin, end] : (*splitter)->FindAll(corpus)) {
+    ++word_counts[std::string(corpus.substr(begin, end - begin))];
+  }
   std::vector<std::pair<std::vector<std::string>, int>> words;
   for (const auto& [w, n] : word_counts) {
     std::vector<std::string> symbols;
@@ -76,15 +64,16 @@ std::vector<std::pair<std::string, std::string>> LearnMerges(int max_merges) {
     words.emplace_back(std::move(symbols), n);
   }
   std::vector<std::pair<std::string, std::string>> merges;
+  absl::flat_hash_map<std::pair<std::string, std::string>, int> pairs;
   while (static_cast<int>(merges.size()) < max_merges) {
-    std::map<std::pair<std::string, std::string>, int> pairs;
+    pairs.clear();
     for (const auto& [symbols, n] : words) {
       for (size_t k = 0; k + 1 < symbols.size(); ++k) pairs[{symbols[k], symbols[k + 1]}] += n;
     }
     const std::pair<std::string, std::string>* best = nullptr;
     int best_count = 1;
     for (const auto& [pair, n] : pairs) {
-      if (n > best_count) {
+      if (n > best_count || (n == best_count && best != nullptr && pair < *best)) {
         best = &pair;
         best_count = n;
       }
@@ -118,7 +107,8 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir) {
+absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir,
+                                std::string_view corpus) {
   if (vocab_size < kDemoFirstMergeId) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the demo tokenizer needs vocab_size >= ", kDemoFirstMergeId, ", got ", vocab_size));
@@ -138,9 +128,13 @@ absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir) {
                      {"special", true}});
     ++next;
   }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> learned = LearnMerges(
+      corpus.empty() ? std::string_view(kCorpus) : corpus, vocab_size - kDemoFirstMergeId);
+  if (!learned.ok()) return learned.status();
   Json merges = Json::array();
-  for (const auto& [a, b] : LearnMerges(vocab_size - kDemoFirstMergeId)) {
-    const std::string ea = text::ByteLevelAlphabet::Encode(a), eb = text::ByteLevelAlphabet::Encode(b);
+  for (const auto& [a, b] : *learned) {
+    const std::string ea = text::ByteLevelAlphabet::Encode(a),
+                      eb = text::ByteLevelAlphabet::Encode(b);
     merges.push_back(ea + " " + eb);
     // Two merges may spell the same token ("a"+"bc", "ab"+"c"): one id.
     if (!vocab.contains(ea + eb)) vocab[ea + eb] = next++;

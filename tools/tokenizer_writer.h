@@ -17,6 +17,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -28,8 +29,11 @@ inline constexpr int kDemoEotId = 260;
 inline constexpr int kDemoFirstMergeId = 261;
 
 // Writes tokenizer.json and tokenizer_config.json into `out_dir` (which must
-// exist) for a vocabulary of `vocab_size` ids. INVALID_ARGUMENT when
+// exist) for a vocabulary of `vocab_size` ids, with merges learned from
+// `corpus` (empty: the built-in text). Merges stop early when no pair occurs
+// twice, so the vocabulary may use fewer ids. INVALID_ARGUMENT when
 // vocab_size < kDemoFirstMergeId; INTERNAL when a file cannot be written.
-absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir);
+absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir,
+                                std::string_view corpus = {});
 
 }  // namespace pdserve::engine

@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,18 +15,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/runtime/step_state.h"
 
 namespace pdserve::engine {
 namespace {
 
-// Appends b's rows below a's: [a; b] for row-major matrices of equal width.
-std::vector<float> Concat(std::vector<float>& a, std::vector<float>& b) {
-  std::vector<float> out;
-  out.reserve(a.size() + b.size());
-  out.insert(out.end(), a.begin(), a.end());
-  out.insert(out.end(), b.begin(), b.end());
-  a = {};
-  b = {};
+// Decode attention reads each cached K and V row this many positions after
+// prefetching it: the rows of one head are a KV row apart, a stride the
+// hardware prefetchers do not follow, and the weights streamed every step
+// have evicted them from cache.
+constexpr int kKvPrefetch = 8;
+
+std::vector<float> ToF32(const TensorView& t) {
+  std::vector<float> out(static_cast<size_t>(t.num_elements));
+  t.ToF32(out);
   return out;
 }
 
@@ -33,33 +37,51 @@ std::vector<float> Concat(std::vector<float>& a, std::vector<float>& b) {
 CpuModelRunner::CpuModelRunner(const ModelConfig& config, const CpuRunnerOptions& options)
     : config_(config),
       block_size_(options.kv_block_size),
+      block_shift_(std::has_single_bit(static_cast<unsigned>(options.kv_block_size))
+                       ? std::countr_zero(static_cast<unsigned>(options.kv_block_size))
+                       : -1),
       num_blocks_(options.num_kv_blocks),
       num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_num_procs()),
-      bf16_weights_(options.bf16_weights) {}
+      weight_dtype_(options.weight_dtype) {}
 
-CpuModelRunner::Matrix CpuModelRunner::MakeMatrix(std::vector<float> values) const {
-  Matrix m;
-  const int64_t n = static_cast<int64_t>(values.size());
-  if (bf16_weights_ && cpu::IsBf16Exact(values.data(), n)) {
-    m.bf16 = cpu::ToBf16(values.data(), n);
-  } else {
-    m.f32 = std::move(values);
+absl::StatusOr<CpuModelRunner::Matrix> CpuModelRunner::MakeMatrix(
+    std::initializer_list<const TensorView*> parts) const {
+  const int64_t cols = (*parts.begin())->shape[1];
+  int64_t rows = 0;
+  bool same_dtype = true;
+  for (const TensorView* t : parts) {
+    rows += t->shape[0];
+    same_dtype = same_dtype && t->dtype == (*parts.begin())->dtype;
   }
-  return m;
+  if (parts.size() == 1) {
+    const TensorView* t = *parts.begin();
+    return Matrix::FromRaw(t->dtype, t->bytes, rows, cols, weight_dtype_);
+  }
+  if (same_dtype) {
+    // One matrix of the stored bytes, rows of the parts one after another.
+    std::vector<std::byte> joined;
+    for (const TensorView* t : parts) joined.insert(joined.end(), t->bytes.begin(), t->bytes.end());
+    return Matrix::FromRaw((*parts.begin())->dtype, joined, rows, cols, weight_dtype_);
+  }
+  std::vector<float> joined(static_cast<size_t>(rows * cols));
+  int64_t at = 0;
+  for (const TensorView* t : parts) {
+    t->ToF32(std::span<float>(joined).subspan(static_cast<size_t>(at), t->num_elements));
+    at += t->num_elements;
+  }
+  return Matrix::FromF32(joined, rows, cols, weight_dtype_);
 }
 
-void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const {
-  if (!w.bf16.empty()) {
-    cpu::MatMulTransBBf16(x, w.bf16.data(), y, m, n, k, num_threads_);
-  } else {
-    cpu::MatMulTransB(x, w.f32.data(), y, m, n, k, num_threads_);
-  }
+void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m,
+                            [[maybe_unused]] int n, [[maybe_unused]] int k) const {
+  assert(w.rows() == n && w.cols() == k);
+  w.MatMul(x, y, m, num_threads_);
 }
 
 int64_t CpuModelRunner::DecodeWeightBytes() const {
   // Of the input embedding a step reads one row per sequence: counted as
   // none, unless it is also the LM head.
-  int64_t bytes = lm_head_.bytes() > 0 ? lm_head_.bytes() : embed_.bytes();
+  int64_t bytes = !lm_head_.empty() ? lm_head_.bytes() : embed_.bytes();
   for (const Layer& l : layers_) {
     bytes += l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes();
     bytes += static_cast<int64_t>((l.input_norm.size() + l.post_norm.size() + l.bqkv.size() +
@@ -70,46 +92,14 @@ int64_t CpuModelRunner::DecodeWeightBytes() const {
 }
 
 absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
-    const ModelConfig& config, ModelWeights weights, const CpuRunnerOptions& options) {
+    const WeightSource& weights, const CpuRunnerOptions& options) {
+  const ModelConfig& config = weights.config();
   if (options.kv_block_size < 1 || options.num_kv_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("CpuModelRunner: kv_block_size (",
                                                    options.kv_block_size, ") and num_kv_blocks (",
                                                    options.num_kv_blocks, ") must be >= 1"));
   }
-  const int64_t h = config.hidden_size, q = config.q_size(), kv = config.kv_size();
-  const int64_t inter = config.intermediate_size, vocab = config.vocab_size;
-  auto wrong = [](const char* what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CpuModelRunner: weights do not match config: ", what));
-  };
-  if (weights.embed_tokens.size() != static_cast<size_t>(vocab * h)) return wrong("embed_tokens");
-  if (weights.final_norm.size() != static_cast<size_t>(h)) return wrong("final_norm");
-  if (config.tie_word_embeddings != weights.lm_head.empty() ||
-      (!weights.lm_head.empty() && weights.lm_head.size() != static_cast<size_t>(vocab * h))) {
-    return wrong("lm_head");
-  }
-  if (weights.layers.size() != static_cast<size_t>(config.num_layers)) return wrong("layer count");
-  for (const LayerWeights& l : weights.layers) {
-    if (l.input_norm.size() != static_cast<size_t>(h) ||
-        l.post_norm.size() != static_cast<size_t>(h) ||
-        l.q_proj.size() != static_cast<size_t>(q * h) ||
-        l.k_proj.size() != static_cast<size_t>(kv * h) ||
-        l.v_proj.size() != static_cast<size_t>(kv * h) ||
-        l.o_proj.size() != static_cast<size_t>(h * q) ||
-        l.gate_proj.size() != static_cast<size_t>(inter * h) ||
-        l.up_proj.size() != static_cast<size_t>(inter * h) ||
-        l.down_proj.size() != static_cast<size_t>(h * inter)) {
-      return wrong("layer tensor sizes");
-    }
-    const size_t qb = config.qkv_bias ? static_cast<size_t>(q) : 0;
-    const size_t kvb = config.qkv_bias ? static_cast<size_t>(kv) : 0;
-    if (l.q_bias.size() != qb || l.k_bias.size() != kvb || l.v_bias.size() != kvb) {
-      return wrong("q/k/v biases");
-    }
-    if (l.o_bias.size() != (config.o_bias ? static_cast<size_t>(h) : 0)) return wrong("o bias");
-    const size_t norm = config.qk_norm ? static_cast<size_t>(config.head_dim) : 0;
-    if (l.q_norm.size() != norm || l.k_norm.size() != norm) return wrong("q/k norms");
-  }
+  const int64_t kv = config.kv_size();
   const int64_t slots = int64_t{options.num_kv_blocks} * options.kv_block_size;
   if (slots > std::numeric_limits<int32_t>::max() ||
       slots * kv * 4 * 2 * config.num_layers > (int64_t{1} << 40)) {
@@ -119,30 +109,56 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(config, options));
   cpu::InitBlasThreading();
-  r->fingerprint_ = weights.fingerprint;
-  r->embed_ = r->MakeMatrix(std::move(weights.embed_tokens));
-  r->final_norm_ = std::move(weights.final_norm);
-  r->inv_freq_ = config.RopeInverseFrequencies();
-  if (!weights.lm_head.empty()) r->lm_head_ = r->MakeMatrix(std::move(weights.lm_head));
-  r->layers_.reserve(weights.layers.size());
-  for (LayerWeights& l : weights.layers) {
-    Layer layer;
-    layer.input_norm = std::move(l.input_norm);
-    std::vector<float> qk = Concat(l.q_proj, l.k_proj);
-    layer.wqkv = r->MakeMatrix(Concat(qk, l.v_proj));
-    if (config.qkv_bias) {
-      std::vector<float> qk_bias = Concat(l.q_bias, l.k_bias);
-      layer.bqkv = Concat(qk_bias, l.v_bias);
+  // Storage that changes the checkpoint's numbers (int8, or bf16 from another
+  // dtype) computes different KV: it must not pair with a lossless runner.
+  bool lossy = options.weight_dtype == WeightDtype::kInt8;
+  // WeightSource validated every tensor the config needs, so these exist.
+  auto t = [&weights](const std::string& name) { return weights.Find(name); };
+  auto matrix = [&](std::initializer_list<const TensorView*> parts, Matrix& out) -> absl::Status {
+    for (const TensorView* p : parts) {
+      lossy = lossy || (options.weight_dtype == WeightDtype::kBf16 && p->dtype != StDtype::kBF16);
     }
-    layer.q_norm = std::move(l.q_norm);
-    layer.k_norm = std::move(l.k_norm);
-    layer.wo = r->MakeMatrix(std::move(l.o_proj));
-    layer.bo = std::move(l.o_bias);
-    layer.post_norm = std::move(l.post_norm);
-    layer.wgu = r->MakeMatrix(Concat(l.gate_proj, l.up_proj));
-    layer.wdown = r->MakeMatrix(std::move(l.down_proj));
-    r->layers_.push_back(std::move(layer));
+    absl::StatusOr<Matrix> m = r->MakeMatrix(parts);
+    if (!m.ok()) return m.status();
+    out = *std::move(m);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = matrix({t("model.embed_tokens.weight")}, r->embed_); !s.ok()) return s;
+  r->final_norm_ = ToF32(*t("model.norm.weight"));
+  r->inv_freq_ = config.RopeInverseFrequencies();
+  if (!config.tie_word_embeddings) {
+    if (absl::Status s = matrix({t("lm_head.weight")}, r->lm_head_); !s.ok()) return s;
   }
+  r->layers_.resize(config.num_layers);
+  for (int i = 0; i < config.num_layers; ++i) {
+    Layer& layer = r->layers_[i];
+    auto l = [&weights, i](const char* suffix) { return weights.Layer(i, suffix); };
+    layer.input_norm = ToF32(*l("input_layernorm.weight"));
+    layer.post_norm = ToF32(*l("post_attention_layernorm.weight"));
+    for (absl::Status s : {matrix({l("self_attn.q_proj.weight"), l("self_attn.k_proj.weight"),
+                                   l("self_attn.v_proj.weight")},
+                                  layer.wqkv),
+                           matrix({l("self_attn.o_proj.weight")}, layer.wo),
+                           matrix({l("mlp.gate_proj.weight"), l("mlp.up_proj.weight")}, layer.wgu),
+                           matrix({l("mlp.down_proj.weight")}, layer.wdown)}) {
+      if (!s.ok()) return s;
+    }
+    if (config.qkv_bias) {
+      for (const char* name :
+           {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
+        const std::vector<float> b = ToF32(*l(name));
+        layer.bqkv.insert(layer.bqkv.end(), b.begin(), b.end());
+      }
+    }
+    if (config.o_bias) layer.bo = ToF32(*l("self_attn.o_proj.bias"));
+    if (config.qk_norm) {
+      layer.q_norm = ToF32(*l("self_attn.q_norm.weight"));
+      layer.k_norm = ToF32(*l("self_attn.k_norm.weight"));
+    }
+  }
+  r->fingerprint_ =
+      lossy ? MixFingerprint(weights.fingerprint(), WeightDtypeName(options.weight_dtype))
+            : weights.fingerprint();
   try {
     r->k_cache_.assign(config.num_layers, std::vector<float>(static_cast<size_t>(slots * kv)));
     r->v_cache_.assign(config.num_layers, std::vector<float>(static_cast<size_t>(slots * kv)));
@@ -158,25 +174,13 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 
 // ---- validation and addressing ----
 
-absl::Status CpuModelRunner::CheckBlockTable(std::span<const int32_t> table, int num_tokens,
-                                             const char* what, size_t index) const {
-  const int64_t needed = (int64_t{num_tokens} + block_size_ - 1) / block_size_;
-  if (static_cast<int64_t>(table.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", index, ": block table of ",
-                                                   table.size(), " blocks cannot hold ", num_tokens,
-                                                   " tokens"));
-  }
-  for (int64_t i = 0; i < needed; ++i) {
-    if (table[i] < 0 || table[i] >= num_blocks_) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " ", index, ": block id ", table[i],
-                                                     " out of range [0, ", num_blocks_, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 int64_t CpuModelRunner::SlotOffset(std::span<const int32_t> table, int t) const {
-  const int64_t slot = int64_t{table[t / block_size_]} * block_size_ + t % block_size_;
+  // Decode attention asks this for every cached position: shifts, not
+  // divisions, for the usual power-of-two block sizes.
+  const int64_t slot =
+      block_shift_ >= 0
+          ? (int64_t{table[t >> block_shift_]} << block_shift_) | (t & (block_size_ - 1))
+          : int64_t{table[t / block_size_]} * block_size_ + t % block_size_;
   return slot * config_.kv_size();
 }
 
@@ -202,13 +206,7 @@ void CpuModelRunner::Embed(std::span<const int32_t> tokens) {
   const int64_t h = config_.hidden_size;
   const int64_t m = static_cast<int64_t>(tokens.size());
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
-  for (int64_t r = 0; r < m; ++r) {
-    if (!embed_.bf16.empty()) {
-      cpu::Bf16ToFloat(&embed_.bf16[tokens[r] * h], &scratch_.x[r * h], h);
-    } else {
-      std::memcpy(&scratch_.x[r * h], &embed_.f32[tokens[r] * h], h * sizeof(float));
-    }
-  }
+  for (int64_t r = 0; r < m; ++r) embed_.RowsToFloat(tokens[r], 1, &scratch_.x[r * h]);
 }
 
 void CpuModelRunner::AttentionInput(int layer, int m, std::span<const int32_t> positions) {
@@ -270,7 +268,7 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
                  &scratch_.xn[int64_t{i} * h], 1, h, config_.rms_norm_eps, 1);
   }
   logits.resize(static_cast<size_t>(b) * vocab);
-  const Matrix& head = lm_head_.bytes() > 0 ? lm_head_ : embed_;
+  const Matrix& head = !lm_head_.empty() ? lm_head_ : embed_;
   MatMul(scratch_.xn.data(), head, logits.data(), b, vocab, h);
 }
 
@@ -278,53 +276,9 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
 
 // Shared by the runner thread (which completes it) and the caller (which
 // waits on it).
-class CpuModelRunner::Handle final : public StepHandle {
+class CpuModelRunner::Handle final : public StepState {
  public:
-  explicit Handle(int num_layers) : num_layers_(num_layers) {}
-
-  // Blocks until the step is done, without taking its result.
-  void WaitDone() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
-  }
-
-  absl::Status WaitLayer(int layer) override {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this, layer]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return layers_done_ > layer || result_.has_value();
-    };
-    mu_.Await(absl::Condition(&ready));
-    if (layers_done_ > layer) return absl::OkStatus();
-    if (!result_->ok()) return result_->status();
-    return absl::InvalidArgumentError(
-        absl::StrCat("WaitLayer: layer ", layer, " outside [0, ", num_layers_, ")"));
-  }
-
-  absl::StatusOr<StepOutput> Wait() override {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
-    if (taken_) return absl::FailedPreconditionError("StepHandle::Wait called twice");
-    taken_ = true;
-    return std::move(*result_);
-  }
-
-  void LayerDone(int layer) {
-    absl::MutexLock lock(&mu_);
-    layers_done_ = layer + 1;
-  }
-  void Complete(absl::StatusOr<StepOutput> result) {
-    absl::MutexLock lock(&mu_);
-    result_ = std::move(result);
-  }
-
- private:
-  bool DoneLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return result_.has_value(); }
-
-  const int num_layers_;
-  absl::Mutex mu_;
-  int layers_done_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<absl::StatusOr<StepOutput>> result_ ABSL_GUARDED_BY(mu_);
-  bool taken_ ABSL_GUARDED_BY(mu_) = false;
+  using StepState::StepState;
 };
 
 CpuModelRunner::~CpuModelRunner() {
@@ -351,40 +305,7 @@ void CpuModelRunner::Loop() {
 }
 
 absl::Status CpuModelRunner::Validate(const StepBatch& batch) const {
-  if (batch.seqs.size() > (size_t{1} << 20))
-    return absl::InvalidArgumentError("step batch too large");
-  int64_t total = 0;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const StepSequence& seq = batch.seqs[s];
-    const int64_t n = static_cast<int64_t>(seq.tokens.size());
-    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": no tokens"));
-    if (seq.num_cached < 0 || seq.num_cached + n > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step sequence ", s, ": positions ", seq.num_cached, "..", seq.num_cached + n - 1,
-          " outside [0, max_position_embeddings ", config_.max_position_embeddings, ")"));
-    }
-    for (int32_t t : seq.tokens) {
-      if (t < 0 || t >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step sequence ", s, ": token ", t, " out of range [0, ", config_.vocab_size, ")"));
-      }
-    }
-    if (absl::Status st = CheckBlockTable(seq.block_table, static_cast<int>(seq.num_cached + n),
-                                          "step sequence", s);
-        !st.ok()) {
-      return st;
-    }
-    if (seq.sampling != nullptr) {
-      if (absl::Status st = ValidateSamplingParams(*seq.sampling, config_.vocab_size); !st.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": ", st.message()));
-      }
-    }
-    total += n;
-  }
-  if (total > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("step of ", total, " tokens is too large"));
-  }
-  return absl::OkStatus();
+  return ValidateStepBatch(batch, config_, block_size_, num_blocks_);
 }
 
 absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch batch) {
@@ -397,19 +318,7 @@ absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch ba
     if (stop_) return absl::UnavailableError("CpuModelRunner is shutting down");
     jobs_.push_back(Job{std::move(batch), handle});
   }
-  // The caller's handle shares the state the runner thread completes. Its
-  // destructor waits: the batch's spans must outlive the step.
-  class Shared final : public StepHandle {
-   public:
-    explicit Shared(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
-    ~Shared() override { h_->WaitDone(); }
-    absl::Status WaitLayer(int layer) override { return h_->WaitLayer(layer); }
-    absl::StatusOr<StepOutput> Wait() override { return h_->Wait(); }
-
-   private:
-    std::shared_ptr<Handle> h_;
-  };
-  return std::unique_ptr<StepHandle>(std::make_unique<Shared>(std::move(handle)));
+  return CallerHandle(std::move(handle));
 }
 
 void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
@@ -438,6 +347,9 @@ void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
         const int count = std::min(in_block, last + 1 - t);
         const float* k = k_cache + SlotOffset(table, t) + kv_col;
         for (int j = 0; j < count; ++j) {
+          if (t + j + kKvPrefetch <= last) {
+            cpu::Prefetch(k_cache + SlotOffset(table, t + j + kKvPrefetch) + kv_col, hd);
+          }
           scores[t - first + j] = cpu::Dot(qv, k + int64_t{j} * kv, hd) * scale;
         }
         t += count;
@@ -451,6 +363,9 @@ void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
         const int count = std::min(in_block, last + 1 - t);
         const float* v = v_cache + SlotOffset(table, t) + kv_col;
         for (int j = 0; j < count; ++j) {
+          if (t + j + kKvPrefetch <= last) {
+            cpu::Prefetch(v_cache + SlotOffset(table, t + j + kKvPrefetch) + kv_col, hd);
+          }
           cpu::Axpy(scores[t - first + j], v + int64_t{j} * kv, out, hd);
         }
         t += count;
@@ -533,15 +448,11 @@ size_t CpuModelRunner::LayerKvBytes(int num_tokens) const {
 
 absl::Status CpuModelRunner::ReadLayerKv(int layer, std::span<const int32_t> block_table,
                                          int num_tokens, std::span<std::byte> out) const {
-  if (layer < 0 || layer >= config_.num_layers || num_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReadLayerKv: bad layer ", layer, " or token count ", num_tokens));
-  }
-  if (absl::Status s = CheckBlockTable(block_table, num_tokens, "ReadLayerKv table", 0); !s.ok())
+  if (absl::Status s =
+          CheckLayerKvArgs("ReadLayerKv", config_, layer, block_table, num_tokens, block_size_,
+                           num_blocks_, out.size(), LayerKvBytes(num_tokens));
+      !s.ok()) {
     return s;
-  if (out.size() != LayerKvBytes(num_tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat("ReadLayerKv: buffer of ", out.size(),
-                                                   " bytes, need ", LayerKvBytes(num_tokens)));
   }
   const int64_t kv = config_.kv_size();
   auto* dst = reinterpret_cast<unsigned char*>(out.data());
@@ -560,15 +471,11 @@ absl::Status CpuModelRunner::ReadLayerKv(int layer, std::span<const int32_t> blo
 
 absl::Status CpuModelRunner::WriteLayerKv(int layer, std::span<const int32_t> block_table,
                                           int num_tokens, std::span<const std::byte> in) {
-  if (layer < 0 || layer >= config_.num_layers || num_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WriteLayerKv: bad layer ", layer, " or token count ", num_tokens));
-  }
-  if (absl::Status s = CheckBlockTable(block_table, num_tokens, "WriteLayerKv table", 0); !s.ok())
+  if (absl::Status s =
+          CheckLayerKvArgs("WriteLayerKv", config_, layer, block_table, num_tokens, block_size_,
+                           num_blocks_, in.size(), LayerKvBytes(num_tokens));
+      !s.ok()) {
     return s;
-  if (in.size() != LayerKvBytes(num_tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat("WriteLayerKv: buffer of ", in.size(),
-                                                   " bytes, need ", LayerKvBytes(num_tokens)));
   }
   const int64_t kv = config_.kv_size();
   const auto* src = reinterpret_cast<const unsigned char*>(in.data());

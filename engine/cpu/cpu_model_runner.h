@@ -1,8 +1,11 @@
 // The reference ModelRunner: a Llama-family decoder (Llama, Mistral, Qwen2,
 // Qwen3; see engine/model/config.h) on the CPU: fp32 activations and accumulation.
-// Weight matrices are kept in bf16 when every value is exactly a bf16 number
-// (a bf16 checkpoint), else in fp32 (CpuRunnerOptions::bf16_weights): the
-// same numbers either way, in half the bytes a decode step streams.
+// Weight matrices are cpu::WeightMatrix (weight_matrix.h), stored as
+// CpuRunnerOptions::weight_dtype says: by default in bf16 when every value is
+// exactly a bf16 number (a bf16 checkpoint), else in fp32; or all fp32, all
+// bf16, or int8 with per-group scales. They are built one tensor at a time
+// from the checkpoint's stored bytes (engine/model/weight_source.h): a bf16
+// tensor kept in bf16 is copied, never expanded to fp32 on the way.
 //
 // Forward pass per layer, for M rows (prefill: every prompt token of the
 // batch concatenated; decode: one token per sequence):
@@ -35,6 +38,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -42,8 +46,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/model/weights.h"
+#include "engine/cpu/weight_matrix.h"
+#include "engine/model/weight_source.h"
 #include "engine/runtime/model_runner.h"
+#include "engine/runtime/weight_dtype.h"
 
 namespace pdserve::engine {
 
@@ -51,18 +57,18 @@ struct CpuRunnerOptions {
   int kv_block_size = 16;  // tokens per block, >= 1
   int num_kv_blocks = 1;   // >= 1
   int num_threads = 0;     // OpenMP and OpenBLAS threads; 0: all cores
-  // Keep each weight matrix whose values are all exactly bf16 numbers (a
-  // bf16 checkpoint's) in bf16: the same numbers in half the memory and half
-  // the bytes per decode step. false: everything in fp32.
-  bool bf16_weights = true;
+  // How weight matrices (embeddings and LM head included) are stored; see
+  // WeightDtype. kAuto keeps a bf16 checkpoint's matrices in bf16 (the same
+  // numbers in half the bytes per decode step) and others in fp32.
+  WeightDtype weight_dtype = WeightDtype::kAuto;
 };
 
 class CpuModelRunner : public ModelRunner {
  public:
-  // Takes the weights (their matrices are fused and the originals released).
-  // INVALID_ARGUMENT for bad options or weights that do not fit `config`.
-  static absl::StatusOr<std::unique_ptr<CpuModelRunner>> Create(const ModelConfig& config,
-                                                                ModelWeights weights,
+  // Builds the weight matrices from `weights` (which may be dropped after).
+  // INVALID_ARGUMENT for bad options; RESOURCE_EXHAUSTED when the KV cache
+  // cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CpuModelRunner>> Create(const WeightSource& weights,
                                                                 const CpuRunnerOptions& options);
 
   ~CpuModelRunner() override;  // finishes the steps already enqueued
@@ -87,15 +93,7 @@ class CpuModelRunner : public ModelRunner {
                             std::span<const std::byte> in) override;
 
  private:
-  // A row-major weight matrix in fp32, or in bf16 (see
-  // CpuRunnerOptions::bf16_weights): exactly one of the two is non-empty.
-  struct Matrix {
-    std::vector<float> f32;
-    std::vector<uint16_t> bf16;
-    int64_t bytes() const {
-      return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t));
-    }
-  };
+  using Matrix = cpu::WeightMatrix;
   struct Layer {
     std::vector<float> input_norm;  // [H]
     Matrix wqkv;                    // [Q + 2 KV, H]
@@ -133,9 +131,6 @@ class CpuModelRunner : public ModelRunner {
   void Attention(int layer, const StepBatch& batch, int m, std::span<const int32_t> row_seq,
                  std::span<const int32_t> positions);
 
-  // Checks a block table covers `num_tokens` tokens with valid block ids.
-  absl::Status CheckBlockTable(std::span<const int32_t> table, int num_tokens, const char* what,
-                               size_t index) const;
   // Float offset of token `t`'s slot in a layer's K (or V) storage.
   int64_t SlotOffset(std::span<const int32_t> table, int t) const;
 
@@ -145,8 +140,9 @@ class CpuModelRunner : public ModelRunner {
     return window > 0 && position >= window ? position - window + 1 : 0;
   }
 
-  // Stores `values` as a Matrix: bf16 when allowed and lossless.
-  Matrix MakeMatrix(std::vector<float> values) const;
+  // Stores the row-wise concatenation of `parts` ([rows_i, cols] each) as
+  // options.weight_dtype says.
+  absl::StatusOr<Matrix> MakeMatrix(std::initializer_list<const TensorView*> parts) const;
   // y[m, n] = x[m, k] * w^T.
   void MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const;
   void ResizeScratch(int m);
@@ -163,9 +159,10 @@ class CpuModelRunner : public ModelRunner {
   const ModelConfig config_;
   uint64_t fingerprint_ = 0;
   int block_size_;
+  int block_shift_;  // log2(block_size_) when a power of two, else -1
   int num_blocks_;
   int num_threads_;
-  bool bf16_weights_;
+  WeightDtype weight_dtype_;
   Matrix embed_;  // [vocab, H]
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;  // [head_dim / 2], config_.RopeInverseFrequencies()

@@ -1,4 +1,5 @@
 // fp32 CPU kernels of the decoder forward pass. All matrices are row-major.
+// Weight matrices and their GEMVs: weight_matrix.h and kernels_gemv.h.
 // GEMMs go to OpenBLAS; the rest are plain loops the compiler vectorises.
 // Kernels with a `num_threads` argument parallelise with OpenMP; the others
 // are meant to be called from inside an already-parallel loop.
@@ -15,9 +16,10 @@ namespace pdserve::engine::cpu {
 // workers fight over the cores (measured: decode 15x slower with both).
 void InitBlasThreading();
 
-// y[m, n] = x[m, k] * w[n, k]^T  (torch.nn.Linear without bias), split over
-// `num_threads` OpenMP threads by blocks of w's rows.
-void MatMulTransB(const float* x, const float* w, float* y, int m, int n, int k, int num_threads);
+// Threads worth using for an m x n x k matmul split by rows of w: each gets
+// at least ~2^17 multiply-adds and 64 rows, or the fork and join cost more
+// than they save. At most num_threads, at least 1.
+int MatMulThreads(int m, int n, int k, int num_threads);
 
 // bf16 weights: the upper 16 bits of fp32 values. A matrix whose every value
 // is exactly a bf16 number (any bf16 checkpoint) is stored so: the same
@@ -27,17 +29,6 @@ bool IsBf16Exact(const float* values, int64_t n);
 std::vector<uint16_t> ToBf16(const float* values, int64_t n);
 // out[i] = the fp32 value of bf16 in[i].
 void Bf16ToFloat(const uint16_t* in, float* out, int64_t n);
-
-// y[r] = dot(w row r, x) for n rows of k bf16 values, fp32 accumulation.
-// AVX2 + FMA where the CPU has them; `simd` false forces the portable code.
-void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, bool simd = true);
-
-// MatMulTransB with w in bf16; accumulation in fp32. m == 1: a fused GEMV
-// (AVX2 + FMA where the CPU has them, portable code otherwise); m > 1: each
-// thread expands blocks of w's rows into an fp32 buffer that stays in cache
-// and runs sgemm on them.
-void MatMulTransBBf16(const float* x, const uint16_t* w, float* y, int m, int n, int k,
-                      int num_threads);
 
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `dim`.
 // y may alias x.
@@ -63,9 +54,14 @@ void AddInPlace(float* y, const float* x, int64_t n, int num_threads);
 // y[r, i] += bias[i] for `rows` rows of `n`.
 void AddBias(float* y, const float* bias, int rows, int n, int num_threads);
 
+// Dot and Axpy run the widest instructions the CPU has (kernels_gemv.h).
 float Dot(const float* a, const float* b, int n);
 // y[i] += a * x[i].
 void Axpy(float a, const float* x, float* y, int n);
+// Asks the CPU to bring x[0..n) into cache (a hint: no effect on results).
+inline void Prefetch(const float* x, int n) {
+  for (int i = 0; i < n; i += 16) __builtin_prefetch(x + i);
+}
 // In-place softmax of x[0..n), n >= 1; max-subtracted for stability.
 void Softmax(float* x, int n);
 

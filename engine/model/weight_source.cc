@@ -50,6 +50,15 @@ void TensorView::ToBf16(std::span<uint16_t> out, int64_t begin) const {
   for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(At(begin + i));
 }
 
+uint64_t MixFingerprint(uint64_t fingerprint, std::string_view tag) {
+  uint64_t h = fingerprint ^ 0x9e3779b97f4a7c15ull;
+  for (char c : tag) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelConfig& config,
                                                                  const std::string& model_dir) {
   absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> checkpoint =

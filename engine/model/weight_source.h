@@ -36,6 +36,11 @@ struct TensorView {
   void ToBf16(std::span<uint16_t> out, int64_t begin = 0) const;
 };
 
+// A fingerprint for weights stored differently from the checkpoint (e.g.
+// quantized): `fingerprint` mixed with `tag`, so runners whose KV would
+// differ do not pair.
+uint64_t MixFingerprint(uint64_t fingerprint, std::string_view tag);
+
 class WeightSource {
  public:
   // Opens `model_dir` (SafetensorsCheckpoint::Open) and checks every tensor

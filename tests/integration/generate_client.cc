@@ -16,6 +16,7 @@ StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& 
   while (reader->Read(&response)) {
     ++out.messages;
     out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    out.logprobs.insert(out.logprobs.end(), response.logprobs().begin(), response.logprobs().end());
     out.text += response.text();
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.last = response;
   }

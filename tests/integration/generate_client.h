@@ -13,6 +13,7 @@ namespace pdserve::testing {
 struct StreamResult {
   grpc::Status status;
   std::vector<int32_t> tokens;  // every message's token ids, in order
+  std::vector<v1::TokenLogprob> logprobs;  // every message's log-probabilities, in order
   std::string text;             // every message's text, concatenated
   v1::GenerateResponse last;    // the message carrying the finish reason
   int messages = 0;

@@ -21,6 +21,7 @@ struct Binaries {
 };
 
 struct ClusterOptions {
+  Binaries binaries;  // e.g. test-only worker variants
   std::string model_dir;
   std::string work_dir;  // logs and ready files
   int num_prefill = 1;

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/runtime/generator.h"
-#include "engine/runner_factory.h"
 #include "engine/model/safetensors.h"
+#include "engine/runner_factory.h"
+#include "engine/runtime/generator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/arch_models.h"
@@ -229,13 +229,14 @@ class ForwardTest : public testing::TestWithParam<ModelCase> {
     ref_ = std::make_unique<ReferenceModel>(config_, dir_);
     runner_ = NewRunner();
   }
-  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64, bool bf16_weights = true) {
+  std::unique_ptr<ModelRunner> NewRunner(int num_blocks = 64,
+                                         WeightDtype weight_dtype = WeightDtype::kAuto) {
     RunnerOptions o;
     o.model_dir = dir_;
     o.kv_block_size = 4;
     o.num_kv_blocks = num_blocks;
     o.num_threads = 2;
-    o.bf16_weights = bf16_weights;
+    o.weight_dtype = weight_dtype;
     auto r = CreateModelRunner(o);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
@@ -254,9 +255,9 @@ TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
   const PrefillSequence seq{prompt, table};
   std::vector<float> logits;
   std::vector<int> layers_done;
-  ASSERT_TRUE(
-      PrefillForLogits(*runner_, {&seq, 1}, [&](int l) { layers_done.push_back(l); }, logits)
-          .ok());
+  ASSERT_TRUE(PrefillForLogits(
+                  *runner_, {&seq, 1}, [&](int l) { layers_done.push_back(l); }, logits)
+                  .ok());
   ASSERT_EQ(logits.size(), static_cast<size_t>(vocab()));
   EXPECT_LT(RelDiff(logits, ref_->LastLogits(prompt)), kTol);
   EXPECT_THAT(layers_done, testing::ElementsAre(0, 1));
@@ -278,7 +279,7 @@ TEST_P(ForwardTest, PrefillMatchesReferenceWithBlocksOutOfOrder) {
 // step reads) and give the logits of the same numbers in fp32; other dtypes
 // are stored in fp32.
 TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
-  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, /*bf16_weights=*/false);
+  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, WeightDtype::kF32);
   ASSERT_NE(fp32, nullptr);
   if (GetParam().dtype == "bf16") {
     EXPECT_LT(runner_->DecodeWeightBytes(), fp32->DecodeWeightBytes() * 0.52);
@@ -298,6 +299,60 @@ TEST_P(ForwardTest, Bf16StorageGivesTheLogitsOfFp32Storage) {
     ASSERT_TRUE(DecodeForLogits(*runner_, {&d, 1}, a).ok());
     ASSERT_TRUE(DecodeForLogits(*fp32, {&d, 1}, b).ok());
     EXPECT_LT(RelDiff(a, b), 1e-5) << "step " << step;
+  }
+}
+
+// Lossy storage, asked for: every matrix rounded to bf16, or quantized to
+// int8 in groups of 32 (scale max|w|/127, so each weight moves by at most
+// 0.4% of its group's largest). Logits stay within a bound of the fp32
+// reference: kBf16Tol and kInt8Tol times max(1, max |logit|), over prefill
+// and decode; decode reads about 0.28 of the fp32 weight bytes in int8.
+TEST_P(ForwardTest, LossyWeightDtypesStayNearTheReference) {
+  constexpr double kBf16Tol = 2e-2, kInt8Tol = 5e-2;  // int8: as tests/reference
+  std::unique_ptr<ModelRunner> fp32 = NewRunner(64, WeightDtype::kF32);
+  for (const auto& [dtype, tol] :
+       {std::pair{WeightDtype::kBf16, kBf16Tol}, std::pair{WeightDtype::kInt8, kInt8Tol}}) {
+    std::unique_ptr<ModelRunner> lossy = NewRunner(64, dtype);
+    ASSERT_NE(lossy, nullptr);
+    const double ratio = static_cast<double>(lossy->DecodeWeightBytes()) /
+                         static_cast<double>(fp32->DecodeWeightBytes());
+    EXPECT_LT(ratio, dtype == WeightDtype::kInt8 ? 0.30 : 0.52) << WeightDtypeName(dtype);
+    std::vector<int32_t> tokens = Tokens(9, vocab(), 6);
+    const std::vector<int32_t> table = {0, 1, 2, 3, 4};
+    const PrefillSequence seq{tokens, table};
+    std::vector<float> logits;
+    ASSERT_TRUE(PrefillForLogits(*lossy, {&seq, 1}, nullptr, logits).ok());
+    EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), tol) << WeightDtypeName(dtype);
+    for (int step = 0; step < 4; ++step) {
+      const DecodeSequence d{(step * 31 + 2) % vocab(), static_cast<int32_t>(tokens.size()), table};
+      tokens.push_back(d.token);
+      ASSERT_TRUE(DecodeForLogits(*lossy, {&d, 1}, logits).ok());
+      EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), tol)
+          << WeightDtypeName(dtype) << " step " << step;
+    }
+  }
+}
+
+// Slots are addressed with shifts for power-of-two block sizes and with
+// division otherwise: both give the reference's logits.
+TEST_P(ForwardTest, BlockSizeThatIsNoPowerOfTwoAddressesTheSameTokens) {
+  RunnerOptions o;
+  o.model_dir = dir_;
+  o.kv_block_size = 3;
+  o.num_kv_blocks = 16;
+  o.num_threads = 2;
+  auto odd = CreateModelRunner(o);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  std::vector<int32_t> tokens = Tokens(5, vocab(), 8);
+  const std::vector<int32_t> table = {7, 2, 11, 0, 5};  // 15 slots
+  const PrefillSequence seq{tokens, table};
+  std::vector<float> logits;
+  ASSERT_TRUE(PrefillForLogits(**odd, {&seq, 1}, nullptr, logits).ok());
+  for (int step = 0; step < 6; ++step) {
+    const DecodeSequence d{(step * 29 + 4) % vocab(), static_cast<int32_t>(tokens.size()), table};
+    tokens.push_back(d.token);
+    ASSERT_TRUE(DecodeForLogits(**odd, {&d, 1}, logits).ok());
+    EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), kTol) << "step " << step;
   }
 }
 
@@ -483,9 +538,9 @@ TEST(SlidingWindowTest, WindowCutsInOnlyBeyondItsLength) {
   options.num_kv_blocks = 8;
   options.num_threads = 2;
   auto make = [&](const ModelConfig& c) {
-    auto w = LoadModelWeights(c, dir);
+    auto w = WeightSource::Open(c, dir);
     EXPECT_TRUE(w.ok()) << w.status();
-    auto r = CpuModelRunner::Create(c, *std::move(w), options);
+    auto r = CpuModelRunner::Create(**w, options);
     EXPECT_TRUE(r.ok()) << r.status();
     return *std::move(r);
   };

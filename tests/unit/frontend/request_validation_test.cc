@@ -1,6 +1,7 @@
 #include "frontend/request_validation.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "frontend/errors.h"
 #include "frontend/generate_request_proto.h"
@@ -237,6 +238,53 @@ TEST(RequestValidationTest, RefusesChatWithTheReasonTheTemplateIsUnusable) {
   auto v = ValidateRequest(Chat({{"user", "hi"}}, 4), source, kNow, 1);
   ASSERT_FALSE(v.ok());
   EXPECT_THAT(v.status().message(), HasSubstr("line 3: unknown tag"));
+}
+
+// A model whose tokenizer files cannot be loaded: PromptSource::Load serves
+// token ids and refuses what needs text.
+TEST(RequestValidationTest, WithoutATokenizerOnlyTokenIdsAreServed) {
+  const std::string dir = ::testing::TempDir() + "/request_validation_no_tokenizer";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  engine::ModelConfig config = Config();
+  config.hidden_size = 64;
+  config.intermediate_size = 128;
+  config.num_layers = 1;
+  config.num_heads = 4;
+  config.num_kv_heads = 4;
+  config.head_dim = 16;
+  std::ofstream(dir + "/config.json") << config.ToJson();
+  std::ofstream(dir + "/tokenizer.json") << R"({"model": {"type": "WordPiece", "vocab": {}}})";
+  absl::StatusOr<PromptSource> source = PromptSource::Load(dir);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_THAT(source->text_unavailable, HasSubstr("WordPiece"));
+  ASSERT_NE(source->tokenizer, nullptr);
+  EXPECT_EQ(source->tokenizer->Decode(std::vector<int32_t>{1, 2, 3}), "");
+
+  v1::GenerateRequest ids;
+  for (int t : {1, 2, 3}) ids.mutable_token_ids()->add_ids(t);
+  ids.mutable_sampling()->set_max_tokens(4);
+  auto v = ValidateRequest(ids, *source, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->prompt, (std::vector<int32_t>{1, 2, 3}));
+
+  for (const v1::GenerateRequest& r : {Text("hi", 4), Chat({{"user", "hi"}}, 4)}) {
+    v = ValidateRequest(r, *source, kNow, 1);
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(v.status().message(), HasSubstr("tokenizer cannot be loaded"));
+  }
+  ids.mutable_sampling()->add_stop("x");
+  v = ValidateRequest(ids, *source, kNow, 1);
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(v.status().message(), HasSubstr("sampling.stop"));
+
+  // A tokenizer that loads leaves text on.
+  std::filesystem::remove(dir + "/tokenizer.json");
+  source = PromptSource::Load(dir);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(source->text_unavailable.empty());
+  EXPECT_TRUE(ValidateRequest(Text("hi", 4), *source, kNow, 1).ok());
 }
 
 }  // namespace

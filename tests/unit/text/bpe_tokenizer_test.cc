@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "engine/model/config.h"
-#include "text/pretokenizer.h"
-#include "text/tokenizer_loader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "text/pretokenizer.h"
+#include "text/tokenizer_loader.h"
 
 namespace pdserve::text {
 namespace {
@@ -512,11 +512,45 @@ TEST(BpeTokenizerTest, HostileFilesAreErrors) {
   expect_error(mutate([](Json& j) { j["model"]["type"] = "WordPiece"; }), unimplemented,
                "WordPiece");
   expect_error(mutate([](Json& j) {
-                 j["pre_tokenizer"] = {{"type", "Metaspace"}};
+                 j["pre_tokenizer"] = {{"type", "Whitespace"}};
                }),
-               unimplemented, "Metaspace");
-  expect_error(mutate([](Json& j) { j["pre_tokenizer"] = nullptr; }), unimplemented,
-               "not byte-level");
+               unimplemented, "Whitespace");
+  expect_error(mutate([](Json& j) {
+                 j["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
+               }),
+               invalid, "Metaspace prepend_scheme");
+  expect_error(mutate([](Json& j) {
+                 j["pre_tokenizer"] = {{"type", "Metaspace"},
+                                       {"prepend_scheme", "first"},
+                                       {"add_prefix_space", false}};
+               }),
+               invalid, "Metaspace add_prefix_space contradicts prepend_scheme");
+  expect_error(mutate([](Json& j) {
+                 j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+               }),
+               invalid, "Metaspace replacement of two characters");
+  expect_error(
+      mutate([](Json& j) {
+        j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "(("}}}, {"content", "x"}};
+      }),
+      invalid, "bad Replace regex");
+  expect_error(mutate([](Json& j) {
+                 j["normalizer"] = {{"type", "Prepend"}, {"prepend", 5}};
+               }),
+               invalid, "Prepend number");
+  expect_error(
+      mutate([](Json& j) {
+        j["decoder"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", " "}};
+      }),
+      unimplemented, "decoder Replace regex");
+  expect_error(mutate([](Json& j) {
+                 j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}};
+               }),
+               invalid, "decoder Strip negative");
+  expect_error(mutate([](Json& j) {
+                 j["decoder"] = {{"type", "CTC"}};
+               }),
+               unimplemented, "decoder CTC");
   expect_error(mutate([](Json& j) {
                  j["normalizer"] = {{"type", "Lowercase"}};
                }),

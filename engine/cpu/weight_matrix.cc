@@ -1,0 +1,209 @@
+// WeightMatrix: storage and matmul dispatch; see weight_matrix.h.
+#include "engine/cpu/weight_matrix.h"
+
+#include <cblas.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemv.h"
+
+namespace pdserve::engine::cpu {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+const char* StorageName(WeightMatrix::Storage storage) {
+  switch (storage) {
+    case WeightMatrix::Storage::kF32:
+      return "f32";
+    case WeightMatrix::Storage::kBf16:
+      return "bf16";
+    case WeightMatrix::Storage::kInt8:
+      return "int8";
+  }
+  return "unknown";
+}
+
+void WeightMatrix::Free::operator()(std::byte* p) const { std::free(p); }
+
+void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
+  storage_ = storage;
+  rows_ = rows;
+  cols_ = cols;
+  const size_t n = static_cast<size_t>(rows * cols);
+  size_t bytes = 0;
+  switch (storage) {
+    case Storage::kF32:
+      bytes = n * sizeof(float);
+      break;
+    case Storage::kBf16:
+      bytes = n * sizeof(uint16_t);
+      break;
+    case Storage::kInt8:
+      scales_offset_ = static_cast<int64_t>(RoundUp(n, 64));
+      bytes = static_cast<size_t>(scales_offset_) +
+              static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(float);
+      break;
+  }
+  // Large matrices: whole 2 MiB pages, advised huge (a no-op where
+  // transparent huge pages are off).
+  const bool huge = bytes >= kHugePage / 2;
+  const size_t align = huge ? kHugePage : 64;
+  const size_t size = RoundUp(std::max<size_t>(bytes, 1), align);
+  void* p = std::aligned_alloc(align, size);
+  if (p == nullptr) throw std::bad_alloc();
+  if (huge) madvise(p, size, MADV_HUGEPAGE);
+  data_.reset(static_cast<std::byte*>(p));
+}
+
+WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, int64_t cols,
+                                   WeightDtype dtype) {
+  WeightMatrix w;
+  const int64_t n = rows * cols;
+  if (dtype == WeightDtype::kAuto) {
+    dtype = IsBf16Exact(values.data(), n) ? WeightDtype::kBf16 : WeightDtype::kF32;
+  }
+  switch (dtype) {
+    case WeightDtype::kAuto:  // resolved above
+    case WeightDtype::kF32:
+      w.Allocate(Storage::kF32, rows, cols);
+      std::memcpy(w.data_.get(), values.data(), static_cast<size_t>(n) * sizeof(float));
+      break;
+    case WeightDtype::kBf16: {
+      w.Allocate(Storage::kBf16, rows, cols);
+      auto* out = reinterpret_cast<uint16_t*>(w.data_.get());
+      for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(values[i]);
+      break;
+    }
+    case WeightDtype::kInt8:
+      w.Allocate(Storage::kInt8, rows, cols);
+      QuantizeInt8(values.data(), rows, cols, reinterpret_cast<int8_t*>(w.data_.get()),
+                   reinterpret_cast<float*>(w.data_.get() + w.scales_offset_));
+      break;
+  }
+  return w;
+}
+
+absl::StatusOr<WeightMatrix> WeightMatrix::FromRaw(StDtype src, std::span<const std::byte> bytes,
+                                                   int64_t rows, int64_t cols, WeightDtype dtype) {
+  if (src != StDtype::kF32 && src != StDtype::kF16 && src != StDtype::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("WeightMatrix: cannot read ",
+                                                   std::string(StDtypeName(src)),
+                                                   " values (F32, F16 or BF16 only)"));
+  }
+  const int64_t n = rows * cols;
+  if (rows < 0 || cols < 0 || static_cast<int64_t>(bytes.size()) != n * StDtypeBytes(src)) {
+    return absl::InvalidArgumentError(absl::StrCat("WeightMatrix: ", bytes.size(),
+                                                   " bytes do not hold ", rows, " x ", cols, " ",
+                                                   std::string(StDtypeName(src)), " values"));
+  }
+  if (src == StDtype::kBF16 && (dtype == WeightDtype::kAuto || dtype == WeightDtype::kBf16)) {
+    WeightMatrix w;
+    w.Allocate(Storage::kBf16, rows, cols);
+    std::memcpy(w.data_.get(), bytes.data(), bytes.size());
+    return w;
+  }
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::byte* p = bytes.data() + i * StDtypeBytes(src);
+    if (src == StDtype::kF32) {
+      std::memcpy(&values[i], p, sizeof(float));
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, p, sizeof bits);
+      values[i] = src == StDtype::kBF16 ? engine::Bf16ToFloat(bits) : HalfToFloat(bits);
+    }
+  }
+  return FromF32(values, rows, cols, dtype);
+}
+
+int64_t WeightMatrix::bytes() const {
+  const int64_t n = rows_ * cols_;
+  switch (storage_) {
+    case Storage::kF32:
+      return n * static_cast<int64_t>(sizeof(float));
+    case Storage::kBf16:
+      return n * static_cast<int64_t>(sizeof(uint16_t));
+    case Storage::kInt8:
+      return n + rows_ * Int8Groups(cols_) * static_cast<int64_t>(sizeof(float));
+  }
+  return 0;
+}
+
+void WeightMatrix::RowsToFloat(int64_t first, int64_t count, float* out) const {
+  const int64_t at = first * cols_, n = count * cols_;
+  switch (storage_) {
+    case Storage::kF32:
+      std::memcpy(out, f32() + at, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case Storage::kBf16:
+      cpu::Bf16ToFloat(bf16() + at, out, n);
+      return;
+    case Storage::kInt8:
+      DequantizeInt8(int8() + at, scales() + first * Int8Groups(cols_), count, cols_, out);
+      return;
+  }
+}
+
+void WeightMatrix::BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  if (storage_ == Storage::kF32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(count), k, 1.0f, x, k,
+                f32() + first * k, k, 0.0f, y + first, n);
+    return;
+  }
+  // Rows expanded to fp32 at a time: about 256 KiB, which stays in L2.
+  const int64_t chunk = std::max<int64_t>(16, (int64_t{1} << 16) / std::max(1, k));
+  thread_local std::vector<float> expanded;
+  expanded.resize(static_cast<size_t>(chunk * k));
+  for (int64_t c0 = 0; c0 < count; c0 += chunk) {
+    const int64_t cb = std::min(chunk, count - c0);
+    RowsToFloat(first + c0, cb, expanded.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(cb), k, 1.0f, x, k,
+                expanded.data(), k, 0.0f, y + first + c0, n);
+  }
+}
+
+void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) const {
+  if (m == 0 || rows_ == 0) return;
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  // Blocks of rows, a multiple of 16, one per thread.
+  const int threads = MatMulThreads(m, n, k, num_threads);
+  const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
+  const Isa isa = BestIsa();
+  const int64_t groups = Int8Groups(k);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int n0 = 0; n0 < n; n0 += block) {
+    const int nb = std::min(block, n - n0);
+    if (m > 1) {
+      BlockGemm(x, y, m, n0, nb);
+      continue;
+    }
+    const int64_t at = int64_t{n0} * k;
+    switch (storage_) {
+      case Storage::kF32:
+        GemvF32(f32() + at, x, y + n0, nb, k, isa);
+        break;
+      case Storage::kBf16:
+        GemvBf16(bf16() + at, x, y + n0, nb, k, isa);
+        break;
+      case Storage::kInt8:
+        GemvInt8(int8() + at, scales() + n0 * groups, x, y + n0, nb, k, isa);
+        break;
+    }
+  }
+}
+
+}  // namespace pdserve::engine::cpu

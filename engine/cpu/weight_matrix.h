@@ -1,0 +1,88 @@
+// A weight matrix of the CPU backend: row-major [rows, cols] (out x in, as
+// torch.nn.Linear stores it) in fp32, bf16 or int8 with one fp32 scale per
+// group of 32 values of a row (kernels_gemv.h), and the matmul that reads it.
+//
+// Storage is one allocation, 2 MiB aligned and advised for transparent huge
+// pages when large: batch-1 decode streams every weight once per step, and
+// fewer page boundaries keep the hardware prefetchers running.
+//
+// Thread safety: const methods may run concurrently; MatMul forks its own
+// OpenMP threads, so call it from one thread at a time per process (the
+// runner's engine thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "engine/model/safetensors.h"
+#include "engine/runtime/weight_dtype.h"
+
+namespace pdserve::engine::cpu {
+
+class WeightMatrix {
+ public:
+  // What the values are stored as (never kAuto).
+  enum class Storage { kF32, kBf16, kInt8 };
+
+  WeightMatrix() = default;  // 0 x 0
+  WeightMatrix(WeightMatrix&&) noexcept = default;
+  WeightMatrix& operator=(WeightMatrix&&) noexcept = default;
+
+  // From rows * cols fp32 values. WeightDtype::kAuto stores bf16 when every
+  // value is exactly a bf16 number, else fp32; kBf16 rounds to nearest even;
+  // kInt8 quantizes (QuantizeInt8).
+  static WeightMatrix FromF32(std::span<const float> values, int64_t rows, int64_t cols,
+                              WeightDtype dtype);
+  // From a checkpoint tensor's raw little-endian bytes (F32, F16 or BF16;
+  // exactly rows * cols values): as FromF32 of the values, except that a
+  // BF16 tensor kept in bf16 is copied as is. INVALID_ARGUMENT for another
+  // dtype or a size mismatch.
+  static absl::StatusOr<WeightMatrix> FromRaw(StDtype src, std::span<const std::byte> bytes,
+                                              int64_t rows, int64_t cols, WeightDtype dtype);
+
+  Storage storage() const { return storage_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  bool empty() const { return rows_ == 0; }
+  // Bytes one pass over the matrix reads: values plus int8 scales.
+  int64_t bytes() const;
+
+  // out[r - first, :] = row r as fp32, for rows [first, first + count).
+  void RowsToFloat(int64_t first, int64_t count, float* out) const;
+
+  // y[m, rows] = x[m, cols] * W^T, accumulated in fp32, over at most
+  // `num_threads` OpenMP threads, each taking a block of rows. m == 1: the
+  // streaming GEMV of kernels_gemv.h; m > 1: OpenBLAS sgemm, with bf16 and
+  // int8 rows expanded to fp32 a cache-sized block at a time.
+  void MatMul(const float* x, float* y, int m, int num_threads) const;
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  // Uninitialised storage for rows x cols values of `storage` (and the
+  // scales of int8); sets the shape.
+  void Allocate(Storage storage, int64_t rows, int64_t cols);
+  const float* f32() const { return reinterpret_cast<const float*>(data_.get()); }
+  const uint16_t* bf16() const { return reinterpret_cast<const uint16_t*>(data_.get()); }
+  const int8_t* int8() const { return reinterpret_cast<const int8_t*>(data_.get()); }
+  // int8 only: rows * Int8Groups(cols) scales after the values.
+  const float* scales() const {
+    return reinterpret_cast<const float*>(data_.get() + scales_offset_);
+  }
+  // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
+  void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
+
+  Storage storage_ = Storage::kF32;
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
+  int64_t scales_offset_ = 0;  // bytes from data_ to the int8 scales
+  std::unique_ptr<std::byte, Free> data_;
+};
+
+const char* StorageName(WeightMatrix::Storage storage);  // "f32", "bf16", "int8"
+
+}  // namespace pdserve::engine::cpu

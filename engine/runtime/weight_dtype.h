@@ -1,0 +1,34 @@
+// How a backend stores weight matrices in memory, chosen per process
+// (RunnerOptions::weight_dtype, the workers' --weight_dtype flag). Norms,
+// biases and activations are fp32 whatever is chosen.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pdserve::engine {
+
+enum class WeightDtype {
+  // bf16 for a matrix whose values are all exactly bf16 numbers (a bf16
+  // checkpoint's), else fp32: the checkpoint's numbers, no rounding.
+  kAuto,
+  kF32,   // every matrix in fp32
+  kBf16,  // every matrix in bf16, values rounded to nearest even
+  // Weight-only int8: each row in groups of 32 values, one fp32 scale per
+  // group (max |value| / 127), values rounded to nearest (Q8_0-like).
+  kInt8,
+};
+
+// "auto", "f32", "bf16", "int8".
+std::string_view WeightDtypeName(WeightDtype dtype);
+// The inverse of WeightDtypeName; INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<WeightDtype> ParseWeightDtype(std::string_view name);
+
+// Abseil flag support: ABSL_FLAG(engine::WeightDtype, weight_dtype, ...).
+bool AbslParseFlag(absl::string_view text, WeightDtype* dtype, std::string* error);
+std::string AbslUnparseFlag(WeightDtype dtype);
+
+}  // namespace pdserve::engine

@@ -1,0 +1,296 @@
+// WeightMatrix and the GEMV kernels of kernels_gemv.h, against float64
+// references computed here, over shapes that hit every tail (columns not a
+// multiple of 8, 16, 32 or 64; rows not a multiple of a thread's block), on
+// every instruction set this CPU runs.
+//
+// Error bounds, per output y = sum_i w_i x_i of a row of k values:
+//   fp32 and bf16 storage: the stored values exactly, so only fp32
+//     summation: |y - exact| <= k * 2^-24 * sum_i |w_i x_i| (a gamma_k bound
+//     with room for any summation order);
+//   int8 against the fp32 matrix it was quantized from: each value moves by
+//     at most half its group's scale step, so
+//     |y_int8 - y_fp32| <= sum_i |x_i| * scale(i) / 2, plus the fp32
+//     summation bound above.
+#include "engine/cpu/weight_matrix.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemv.h"
+#include "engine/model/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace pdserve::engine::cpu {
+namespace {
+
+std::vector<float> Normal(int64_t n, uint32_t seed, bool bf16_exact = false) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    x = dist(gen);
+    if (bf16_exact) x = engine::Bf16ToFloat(FloatToBf16(x));
+  }
+  return v;
+}
+
+// Exact (float64) y = x W^T and the summation bound of each output.
+struct Reference {
+  std::vector<double> y;
+  std::vector<double> bound;
+};
+
+Reference Exact(const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k) {
+  Reference ref{std::vector<double>(static_cast<size_t>(m) * n),
+                std::vector<double>(static_cast<size_t>(m) * n)};
+  for (int i = 0; i < m; ++i) {
+    for (int r = 0; r < n; ++r) {
+      double sum = 0, abs_sum = 0;
+      for (int c = 0; c < k; ++c) {
+        const double p = double{w[int64_t{r} * k + c]} * x[int64_t{i} * k + c];
+        sum += p;
+        abs_sum += std::abs(p);
+      }
+      ref.y[int64_t{i} * n + r] = sum;
+      ref.bound[int64_t{i} * n + r] = (k + 1) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
+    }
+  }
+  return ref;
+}
+
+std::vector<Isa> IsasHere() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa <= BestIsa()) isas.push_back(isa);
+  }
+  return isas;
+}
+
+const int kCols[] = {1, 7, 8, 13, 16, 31, 32, 33, 64, 65, 100, 777};
+const int kRows[] = {1, 3, 17, 33};
+
+TEST(GemvTest, F32AndBf16MatchTheExactProductOnEveryIsa) {
+  uint32_t seed = 1;
+  for (int n : kRows) {
+    for (int k : kCols) {
+      const std::vector<float> w = Normal(int64_t{n} * k, ++seed, /*bf16_exact=*/true);
+      const std::vector<float> x = Normal(k, ++seed);
+      const std::vector<uint16_t> w16 = ToBf16(w.data(), int64_t{n} * k);
+      const Reference ref = Exact(w, x, 1, n, k);
+      for (Isa isa : IsasHere()) {
+        std::vector<float> y32(n), y16(n);
+        GemvF32(w.data(), x.data(), y32.data(), n, k, isa);
+        GemvBf16(w16.data(), x.data(), y16.data(), n, k, isa);
+        for (int r = 0; r < n; ++r) {
+          EXPECT_LE(std::abs(y32[r] - ref.y[r]), ref.bound[r])
+              << IsaName(isa) << " f32 " << n << "x" << k << " row " << r;
+          EXPECT_LE(std::abs(y16[r] - ref.y[r]), ref.bound[r])
+              << IsaName(isa) << " bf16 " << n << "x" << k << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
+  uint32_t seed = 100;
+  for (int n : kRows) {
+    for (int k : kCols) {
+      const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+      const std::vector<float> x = Normal(k, ++seed);
+      std::vector<int8_t> q(w.size());
+      std::vector<float> scales(static_cast<size_t>(n * Int8Groups(k)));
+      QuantizeInt8(w.data(), n, k, q.data(), scales.data());
+      std::vector<float> dq(w.size());
+      DequantizeInt8(q.data(), scales.data(), n, k, dq.data());
+      const Reference ref = Exact(dq, x, 1, n, k);
+      for (Isa isa : IsasHere()) {
+        std::vector<float> y(n);
+        GemvInt8(q.data(), scales.data(), x.data(), y.data(), n, k, isa);
+        for (int r = 0; r < n; ++r) {
+          // Scale products add one fp32 rounding per group to the bound.
+          EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
+              << IsaName(isa) << " " << n << "x" << k << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeInt8Test, RoundsToNearestWithinHalfAScaleStep) {
+  const int n = 5, k = 77;  // groups of 32, 32, 13
+  std::vector<float> w = Normal(n * k, 7);
+  for (int i = 0; i < k; ++i) w[2 * k + i] = 0.0f;  // an all-zero row
+  w[3 * k + 40] = 1000.0f;                          // an outlier owns its group
+  std::vector<int8_t> q(w.size());
+  std::vector<float> scales(static_cast<size_t>(n * Int8Groups(k)));
+  QuantizeInt8(w.data(), n, k, q.data(), scales.data());
+  ASSERT_EQ(Int8Groups(k), 3);
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < k; ++i) {
+      const float s = scales[r * 3 + i / 32];
+      const int64_t at = int64_t{r} * k + i;
+      EXPECT_GE(q[at], -127);
+      EXPECT_LE(std::abs(q[at] * s - w[at]), s * (0.5f + 1e-6f)) << r << "," << i;
+    }
+  }
+  EXPECT_EQ(scales[2 * 3], 0.0f);
+  EXPECT_EQ(q[3 * k + 40], 127);
+  EXPECT_FLOAT_EQ(scales[3 * 3 + 1], 1000.0f / 127);
+}
+
+// The stored matrix through WeightMatrix::MatMul (GEMV at m == 1, blocked
+// sgemm otherwise, 1 and 2 threads) gives the product of its own values.
+TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
+  uint32_t seed = 200;
+  for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
+    for (int m : {1, 2, 5, 17}) {
+      for (int n : {1, 7, 64, 131}) {
+        for (int k : {1, 13, 96, 777}) {
+          const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+          const std::vector<float> x = Normal(int64_t{m} * k, ++seed);
+          const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, dtype);
+          ASSERT_EQ(mat.rows(), n);
+          ASSERT_EQ(mat.cols(), k);
+          std::vector<float> stored(w.size());
+          mat.RowsToFloat(0, n, stored.data());
+          const Reference ref = Exact(stored, x, m, n, k);
+          for (int threads : {1, 2}) {
+            std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
+            mat.MatMul(x.data(), y.data(), m, threads);
+            for (size_t i = 0; i < y.size(); ++i) {
+              ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
+                  << WeightDtypeName(dtype) << " m " << m << " n " << n << " k " << k << " threads "
+                  << threads << " at " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The int8 GEMV and GEMM against the fp32 matrix they were quantized from,
+// within half a scale step per weight.
+TEST(WeightMatrixTest, Int8MatMulIsWithinHalfAStepPerWeightOfFp32) {
+  const int n = 96, k = 768;
+  const std::vector<float> w = Normal(int64_t{n} * k, 300);
+  const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, WeightDtype::kInt8);
+  for (int m : {1, 16}) {
+    const std::vector<float> x = Normal(int64_t{m} * k, 301 + m);
+    const Reference ref = Exact(w, x, m, n, k);
+    std::vector<float> y(static_cast<size_t>(m) * n);
+    mat.MatMul(x.data(), y.data(), m, 2);
+    double worst = 0;
+    for (int i = 0; i < m; ++i) {
+      for (int r = 0; r < n; ++r) {
+        // Each group's scale is max |w| / 127 over the group.
+        double bound = 0;
+        std::vector<float> row_scales(static_cast<size_t>(Int8Groups(k)));
+        for (int64_t g = 0; g < Int8Groups(k); ++g) {
+          float max_abs = 0;
+          for (int c = static_cast<int>(g * 32); c < std::min<int>(k, (g + 1) * 32); ++c) {
+            max_abs = std::max(max_abs, std::abs(w[int64_t{r} * k + c]));
+          }
+          row_scales[g] = max_abs / 127;
+        }
+        for (int c = 0; c < k; ++c) {
+          bound += std::abs(double{x[int64_t{i} * k + c]}) * row_scales[c / 32] / 2;
+        }
+        const int64_t at = int64_t{i} * n + r;
+        const double err = std::abs(y[at] - ref.y[at]);
+        EXPECT_LE(err, bound + 2 * ref.bound[at]) << "m " << m << " row " << r;
+        worst = std::max(worst, err / std::max(1e-30, bound));
+      }
+    }
+    // Rounding errors of independent weights cancel: far below the bound.
+    EXPECT_LT(worst, 0.5) << "m " << m;
+  }
+}
+
+TEST(WeightMatrixTest, StorageFollowsTheRequestedDtype) {
+  const std::vector<float> exact = Normal(64 * 32, 400, /*bf16_exact=*/true);
+  const std::vector<float> inexact = Normal(64 * 32, 401);
+  EXPECT_EQ(WeightMatrix::FromF32(exact, 64, 32, WeightDtype::kAuto).storage(),
+            WeightMatrix::Storage::kBf16);
+  EXPECT_EQ(WeightMatrix::FromF32(inexact, 64, 32, WeightDtype::kAuto).storage(),
+            WeightMatrix::Storage::kF32);
+  EXPECT_EQ(WeightMatrix::FromF32(exact, 64, 32, WeightDtype::kF32).storage(),
+            WeightMatrix::Storage::kF32);
+
+  const WeightMatrix f32 = WeightMatrix::FromF32(inexact, 64, 32, WeightDtype::kF32);
+  const WeightMatrix bf16 = WeightMatrix::FromF32(inexact, 64, 32, WeightDtype::kBf16);
+  const WeightMatrix int8 = WeightMatrix::FromF32(inexact, 64, 32, WeightDtype::kInt8);
+  EXPECT_EQ(f32.bytes(), 64 * 32 * 4);
+  EXPECT_EQ(bf16.bytes(), 64 * 32 * 2);
+  EXPECT_EQ(int8.bytes(), 64 * 32 + 64 * 4);  // one fp32 scale per 32 values
+  // bf16 rounds to nearest even.
+  std::vector<float> row(32);
+  bf16.RowsToFloat(5, 1, row.data());
+  for (int i = 0; i < 32; ++i)
+    EXPECT_EQ(row[i], engine::Bf16ToFloat(FloatToBf16(inexact[5 * 32 + i])));
+}
+
+TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
+  const int rows = 3, cols = 40;
+  const std::vector<float> values = Normal(rows * cols, 500, /*bf16_exact=*/true);
+  std::vector<uint16_t> bf16(values.size()), f16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bf16[i] = FloatToBf16(values[i]);
+    f16[i] = FloatToHalf(values[i]);
+  }
+  const auto bytes_of = [](const auto& v) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
+                                      v.size() * sizeof(v[0]));
+  };
+  for (WeightDtype dtype :
+       {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
+    const WeightMatrix want = WeightMatrix::FromF32(values, rows, cols, dtype);
+    std::vector<float> want_rows(values.size()), got_rows(values.size());
+    want.RowsToFloat(0, rows, want_rows.data());
+    for (const auto& [src, bytes] :
+         {std::pair{StDtype::kF32, bytes_of(values)}, std::pair{StDtype::kBF16, bytes_of(bf16)}}) {
+      absl::StatusOr<WeightMatrix> got = WeightMatrix::FromRaw(src, bytes, rows, cols, dtype);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->storage(), want.storage()) << WeightDtypeName(dtype);
+      got->RowsToFloat(0, rows, got_rows.data());
+      EXPECT_EQ(got_rows, want_rows) << WeightDtypeName(dtype) << " from " << StDtypeName(src);
+    }
+    absl::StatusOr<WeightMatrix> half =
+        WeightMatrix::FromRaw(StDtype::kF16, bytes_of(f16), rows, cols, WeightDtype::kF32);
+    ASSERT_TRUE(half.ok()) << half.status();
+    half->RowsToFloat(0, rows, got_rows.data());
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(got_rows[i], HalfToFloat(f16[i]));
+  }
+  EXPECT_FALSE(
+      WeightMatrix::FromRaw(StDtype::kBF16, bytes_of(bf16), rows, cols + 1, WeightDtype::kAuto)
+          .ok());
+  EXPECT_FALSE(
+      WeightMatrix::FromRaw(StDtype::kI16, bytes_of(bf16), rows, cols, WeightDtype::kAuto).ok());
+}
+
+TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
+                            WeightDtype::kInt8}) {
+    absl::StatusOr<WeightDtype> parsed = ParseWeightDtype(WeightDtypeName(dtype));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, dtype);
+    WeightDtype flag = WeightDtype::kAuto;
+    std::string error;
+    EXPECT_TRUE(AbslParseFlag(AbslUnparseFlag(dtype), &flag, &error)) << error;
+    EXPECT_EQ(flag, dtype);
+  }
+  EXPECT_EQ(ParseWeightDtype("fp16").status().code(), absl::StatusCode::kInvalidArgument);
+  WeightDtype flag = WeightDtype::kF32;
+  std::string error;
+  EXPECT_FALSE(AbslParseFlag("int4", &flag, &error));
+  EXPECT_NE(error.find("auto, f32, bf16, int8"), std::string::npos) << error;
+  EXPECT_EQ(flag, WeightDtype::kF32);
+}
+
+}  // namespace
+}  // namespace pdserve::engine::cpu

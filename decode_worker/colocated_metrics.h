@@ -1,6 +1,7 @@
 // Prometheus metrics of the colocated engine (its scheduler's view). The
-// client-facing histograms (TTFT, ITL, E2E) are the router's, from
-// router/router_metrics.h, so the same dashboard panels read both setups.
+// client-facing histograms (TTFT, ITL, E2E) are the front end's, from
+// frontend/client_metrics.h, as on the router, so the same dashboard panels
+// read both setups.
 #pragma once
 
 #include "prometheus/counter.h"

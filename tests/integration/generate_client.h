@@ -26,4 +26,8 @@ StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& 
 // A token-id prompt with max_tokens set.
 v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens);
 
+// The first whole UTF-8 character of `text` that starts at or after byte
+// `from` (a stop string taken from a generation's text).
+std::string CharacterAt(const std::string& text, size_t from);
+
 }  // namespace pdserve::testing

@@ -23,6 +23,9 @@ absl::Status LocalCluster::StartProcess(Process& p, const std::string& name, std
   if (!absl::SimpleAtoi((*fields)["metrics_port"], &p.metrics_port)) {
     return absl::InternalError(absl::StrCat(name, ": bad ready file"));
   }
+  if (fields->count("http_port") > 0 && !absl::SimpleAtoi((*fields)["http_port"], &p.http_port)) {
+    return absl::InternalError(absl::StrCat(name, ": bad http_port in the ready file"));
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
-// What the router knows of the model to turn a request's input into prompt
+// What a front end knows of the model to turn a request's input into prompt
 // tokens and generated tokens back into text: config.json (with
-// generation_config.json), the tokenizer and the chat template.
+// generation_config.json), the tokenizer and the chat template. Immutable
+// once loaded; shared by every request.
 #pragma once
 
 #include <memory>
@@ -8,11 +9,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "text/chat_template.h"
 #include "engine/model/config.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 
 struct PromptSource {
   engine::ModelConfig config;
@@ -37,4 +38,4 @@ struct PromptSource {
   static absl::StatusOr<PromptSource> Load(const std::string& model_dir);
 };
 
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

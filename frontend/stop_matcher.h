@@ -7,14 +7,14 @@
 #include <string_view>
 #include <vector>
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 
 class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops);
 
   struct Result {
-    std::string text;     // safe to send now
+    std::string text;      // safe to send now
     bool stopped = false;  // a stop string matched; `text` ends before it
     std::string matched;   // that stop string
   };
@@ -30,4 +30,4 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

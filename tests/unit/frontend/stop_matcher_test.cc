@@ -1,13 +1,13 @@
-#include "router/stop_matcher.h"
+#include "frontend/stop_matcher.h"
 
 #include "gtest/gtest.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 namespace {
 
 // Feeds `pieces` and returns what reached the client, and the match.
 std::pair<std::string, std::string> RunStops(std::vector<std::string> stops,
-                                        const std::vector<std::string>& pieces) {
+                                             const std::vector<std::string>& pieces) {
   StopMatcher m(std::move(stops));
   std::string out;
   for (const std::string& p : pieces) {
@@ -25,7 +25,8 @@ TEST(StopMatcherTest, NoStopsPassesEverythingThrough) {
 TEST(StopMatcherTest, MatchAcrossPiecesIsNotLeaked) {
   EXPECT_EQ(RunStops({"STOP"}, {"hello S", "T", "OP and more"}),
             std::make_pair(std::string("hello "), std::string("STOP")));
-  EXPECT_EQ(RunStops({"\n\n"}, {"a\n", "\nb"}), std::make_pair(std::string("a"), std::string("\n\n")));
+  EXPECT_EQ(RunStops({"\n\n"}, {"a\n", "\nb"}),
+            std::make_pair(std::string("a"), std::string("\n\n")));
 }
 
 TEST(StopMatcherTest, PartialPrefixIsReleasedWhenItCannotMatch) {
@@ -42,7 +43,8 @@ TEST(StopMatcherTest, EarliestMatchWinsThenLongest) {
 }
 
 TEST(StopMatcherTest, HeldTextIsFlushedAtTheEnd) {
-  EXPECT_EQ(RunStops({"END"}, {"the E", "N"}), std::make_pair(std::string("the EN"), std::string()));
+  EXPECT_EQ(RunStops({"END"}, {"the E", "N"}),
+            std::make_pair(std::string("the EN"), std::string()));
 }
 
 TEST(StopMatcherTest, MultiByteCharactersAreNeverSplit) {
@@ -62,4 +64,4 @@ TEST(StopMatcherTest, NothingAfterAStop) {
 }
 
 }  // namespace
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

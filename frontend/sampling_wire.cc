@@ -1,4 +1,6 @@
-#include "common/sampling_convert.h"
+#include "frontend/sampling_wire.h"
+
+#include <algorithm>
 
 namespace pdserve {
 
@@ -48,9 +50,20 @@ internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token)
   return out;
 }
 
+engine::SampledToken LogprobsFromProto(int32_t token,
+                                       const internal::v1::SampledLogprobs& logprobs) {
+  engine::SampledToken out;
+  out.token = token;
+  out.logprob = logprobs.logprob();
+  const int n = std::min(logprobs.top_ids_size(), logprobs.top_logprobs_size());
+  out.top.reserve(n);
+  for (int k = 0; k < n; ++k) out.top.push_back({logprobs.top_ids(k), logprobs.top_logprobs(k)});
+  return out;
+}
+
 // engine::FinishReason travels as its integer value (the decode worker's
-// finished event) and becomes pdserve.v1.FinishReason at the router: the two
-// enums must keep the same numbering.
+// finished event) and becomes pdserve.v1.FinishReason at the front end: the
+// two enums must keep the same numbering.
 static_assert(static_cast<int>(engine::FinishReason::kNone) == v1::FINISH_REASON_UNSPECIFIED);
 static_assert(static_cast<int>(engine::FinishReason::kLength) == v1::FINISH_REASON_LENGTH);
 static_assert(static_cast<int>(engine::FinishReason::kStop) == v1::FINISH_REASON_STOP);

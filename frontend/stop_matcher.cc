@@ -1,8 +1,8 @@
-#include "router/stop_matcher.h"
+#include "frontend/stop_matcher.h"
 
 #include <algorithm>
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 namespace {
 
 // Whether a UTF-8 byte starts a character (is not a continuation byte).
@@ -65,4 +65,4 @@ std::string StopMatcher::Flush() {
   return out;
 }
 
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

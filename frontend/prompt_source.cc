@@ -1,10 +1,10 @@
-#include "router/prompt_source.h"
+#include "frontend/prompt_source.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "text/tokenizer_loader.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 
 absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   PromptSource source;
@@ -36,4 +36,4 @@ absl::StatusOr<PromptSource> PromptSource::Load(const std::string& model_dir) {
   return source;
 }
 
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

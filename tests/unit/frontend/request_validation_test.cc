@@ -1,14 +1,16 @@
-#include "router/request_validation.h"
+#include "frontend/request_validation.h"
 
 #include <filesystem>
 #include <fstream>
 
-#include "text/tokenizer_loader.h"
-#include "tools/tokenizer_writer.h"
+#include "frontend/errors.h"
+#include "frontend/generate_request_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "text/tokenizer_loader.h"
+#include "tools/tokenizer_writer.h"
 
-namespace pdserve::router {
+namespace pdserve::frontend {
 namespace {
 
 using ::testing::HasSubstr;
@@ -48,6 +50,16 @@ PromptSource ChatSource() {
   EXPECT_TRUE(chat_template.ok()) << chat_template.status();
   source.chat_template = *std::move(chat_template);
   return source;
+}
+
+// A gRPC request through the gRPC adapter's conversion and validation.
+absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+                                                 const PromptSource& source, absl::Time now,
+                                                 uint64_t default_seed,
+                                                 ValidationOptions options = {}) {
+  absl::StatusOr<Request> native = RequestFromProto(request);
+  if (!native.ok()) return native.status();
+  return frontend::ValidateRequest(*native, source, options, now, default_seed);
 }
 
 v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages,
@@ -276,4 +288,4 @@ TEST(RequestValidationTest, WithoutATokenizerOnlyTokenIdsAreServed) {
 }
 
 }  // namespace
-}  // namespace pdserve::router
+}  // namespace pdserve::frontend

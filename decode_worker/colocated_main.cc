@@ -80,17 +80,19 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
-  auto runner = engine::CreateModelRunner({.model_dir = absl::GetFlag(FLAGS_model_dir),
-                                           .backend = absl::GetFlag(FLAGS_backend),
-                                           .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
-                                           .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
-                                           .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                           .num_threads = absl::GetFlag(FLAGS_threads),
-                                           .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)});
+  const engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
+                                             .backend = absl::GetFlag(FLAGS_backend),
+                                             .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
+                                             .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
+                                             .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                                             .num_threads = absl::GetFlag(FLAGS_threads),
+                                             .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)};
+  auto runner = engine::CreateModelRunner(runner_options);
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
   // As the router: config, tokenizer and chat template of the model.
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   absl::StatusOr<frontend::PromptSource> prompt_source = frontend::PromptSource::Load(model_dir);

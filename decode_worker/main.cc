@@ -95,6 +95,7 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
   kvtransfer::device::RegisterDeviceKvTransports(
       {.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms))});

@@ -5,9 +5,11 @@
 
 #include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/cpu/cpu_model_runner.h"
 #include "engine/model/config.h"
 #include "engine/model/weight_source.h"
@@ -82,6 +84,26 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner = CpuModelRunner::Create(**weights, cpu);
   if (!runner.ok()) return runner.status();
   return std::unique_ptr<ModelRunner>(std::move(*runner));
+}
+
+std::string DescribeRunner(const ModelRunner& runner, const RunnerOptions& options) {
+  const ModelConfig& c = runner.config();
+  const std::string threads =
+      options.num_threads > 0
+          ? absl::StrCat("threads ", options.num_threads)
+          : absl::StrCat("threads ", std::max(1u, std::thread::hardware_concurrency()),
+                         " (all cores)");
+  const int64_t kv_tokens = int64_t{runner.num_kv_blocks()} * runner.kv_block_size();
+  return absl::StrFormat(
+      "model %s (%s, %d layers, hidden %d, vocab %d, context %d), backend %s, weights %s "
+      "(%.1f MiB read per decode step), %s, KV %d blocks x %d tokens = %d tokens (%s)",
+      options.model_dir, c.architecture, c.num_layers, c.hidden_size, c.vocab_size,
+      c.max_position_embeddings, runner.backend(),
+      options.weight_dtype == WeightDtype::kAuto
+          ? "as stored"
+          : std::string(WeightDtypeName(options.weight_dtype)),
+      static_cast<double>(runner.DecodeWeightBytes()) / (1 << 20), threads, runner.num_kv_blocks(),
+      runner.kv_block_size(), kv_tokens, KvDtypeName(runner.kv_dtype()));
 }
 
 }  // namespace pdserve::engine

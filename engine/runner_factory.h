@@ -36,6 +36,11 @@ struct RunnerOptions {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options);
 
+// One line for start-up logs: the model (directory, architecture, size),
+// the backend, weight storage, threads and KV capacity of `runner`, created
+// from `options`.
+std::string DescribeRunner(const ModelRunner& runner, const RunnerOptions& options);
+
 // options.num_kv_blocks, or as many blocks as kv_cache_bytes holds at
 // `bytes_per_element` (at least 1, at most what int32 slot ids address).
 inline int KvBlocksFor(const RunnerOptions& options, const ModelConfig& config,

@@ -92,6 +92,7 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
   metrics.peak_flops.Set(peak.value);

@@ -127,7 +127,10 @@ int Main() {
                 {{"http_port", absl::StrCat(http_port)}});
   PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
                     << ", HTTP on port " << http_port << ", metrics on port "
-                    << (*metrics_server)->port();
+                    << (*metrics_server)->port() << ", model " << model_dir << " ("
+                    << prompt_source->config.architecture << ", context "
+                    << prompt_source->config.max_position_embeddings << ", text "
+                    << (prompt_source->text_unavailable.empty() ? "served" : "unavailable") << ")";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";

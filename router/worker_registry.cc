@@ -188,6 +188,13 @@ void OutstandingWork::Release() {
 }
 
 void WorkerRegistry::ExpireLocked(absl::Time now) {
+  if (last_activity_ != absl::InfinitePast() && now - last_activity_ > ttl_ && !workers_.empty()) {
+    PDSERVE_LOG(WARNING) << "the router was not running for "
+                         << absl::FormatDuration(now - last_activity_) << "; every worker gets "
+                         << absl::FormatDuration(ttl_) << " to be heard before it expires";
+    for (auto& [id, e] : workers_) e.last_seen = std::max(e.last_seen, now);
+  }
+  last_activity_ = std::max(last_activity_, now);
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (now - it->second.last_seen > ttl_) {
       PDSERVE_LOG(WARNING) << "worker " << it->first << " missed its heartbeats for "

@@ -110,7 +110,13 @@ class OutstandingWork {
 
 class WorkerRegistry {
  public:
-  // A worker silent for longer than `ttl` is dropped.
+  // A worker silent for longer than `ttl` is dropped. Every call that takes
+  // `now` is registry activity; the router calls it at least every few
+  // hundred milliseconds (heartbeats, its pool watcher). When the previous
+  // activity is more than `ttl` before `now`, the router itself was not
+  // running (stopped, starved): workers' heartbeats could not be heard, so
+  // each worker gets one `ttl` from `now` before it can expire, rather than
+  // the whole pool expiring at once.
   explicit WorkerRegistry(absl::Duration ttl) : ttl_(ttl) {}
 
   // Adds or replaces a worker. FAILED_PRECONDITION if its model fingerprint
@@ -163,6 +169,7 @@ class WorkerRegistry {
   absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // ordered: deterministic ties
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pdserve::router

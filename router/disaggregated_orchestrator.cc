@@ -76,10 +76,27 @@ struct AttemptFailure {
   std::string pool;       // whose call failed or stalled: "prefill" or "decode"
   std::string worker_id;  // avoided by the generation's later attempts
   bool stalled = false;
+  // The worker looks gone (connection lost, no answer): the registry stops
+  // offering it until it is heard from (WorkerRegistry::ReportFailure).
+  bool worker_down = false;
   absl::Status status;           // for the client when no attempt is left
   DecodeCall* decode = nullptr;  // the attempt's calls, cancelled before the next
   PrefillCall* prefill = nullptr;
 };
+
+// Codes a worker call ends with when the worker process died, restarted or
+// could not be reached (not a refusal of this request).
+bool WorkerDown(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::ABORTED:
+      return true;
+    default:
+      return false;
+  }
+}
 
 bool Retryable(grpc::StatusCode code) {
   return code != grpc::StatusCode::INVALID_ARGUMENT &&
@@ -308,7 +325,10 @@ void DisaggregatedGeneration::OnDecodeDone(DecodeCall* call, const grpc::Status&
     FailLocked(std::move(why));
     return;
   }
-  FailAttemptLocked({.pool = "decode", .worker_id = id, .status = std::move(why)});
+  FailAttemptLocked({.pool = "decode",
+                     .worker_id = id,
+                     .worker_down = status.ok() || WorkerDown(status),
+                     .status = std::move(why)});
 }
 
 void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Status& status) {
@@ -326,7 +346,10 @@ void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Statu
       FailLocked(std::move(why));
       return;
     }
-    FailAttemptLocked({.pool = "prefill", .worker_id = call->worker.id, .status = std::move(why)});
+    FailAttemptLocked({.pool = "prefill",
+                       .worker_id = call->worker.id,
+                       .worker_down = WorkerDown(status),
+                       .status = std::move(why)});
     return;
   }
   GenerationEvent first;
@@ -364,6 +387,7 @@ void DisaggregatedGeneration::CheckStallLocked(absl::Time now) {
       {.pool = pool,
        .worker_id = id,
        .stalled = true,
+       .worker_down = true,
        .status = absl::UnavailableError(absl::StrCat(
            pool, " worker ", id, " stalled for ", absl::FormatDuration(options_.stall_timeout)))});
 }
@@ -373,6 +397,7 @@ absl::Status DisaggregatedGeneration::Recover(AttemptFailure failure) {
   if (failure.decode != nullptr) failure.decode->Cancel();
   if (failure.prefill != nullptr) failure.prefill->context.TryCancel();
   (failure.pool == "decode" ? avoid_decode_ : avoid_prefill_).insert(failure.worker_id);
+  if (failure.worker_down) orchestrator_->registry().ReportFailure(failure.worker_id);
   size_t generated;
   {
     absl::MutexLock lock(&mu_);
@@ -480,7 +505,10 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
     if (refusal.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return FromGrpcStatus(refusal);
     }
-    if (refusal.error_code() == grpc::StatusCode::UNAVAILABLE) avoid_decode_.insert(worker.id);
+    if (refusal.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      avoid_decode_.insert(worker.id);
+      registry.ReportFailure(worker.id);
+    }
     PDSERVE_LOG(DEBUG) << "decode worker " << worker.id << " refused " << job_.request_id << ": "
                        << refusal.error_message();
     last_refusal =

@@ -125,8 +125,14 @@ class WorkerRegistry {
   // False if the worker is unknown (expired or never registered).
   bool Heartbeat(const std::string& id, const LoadReport& load, absl::Time now);
   void Deregister(const std::string& id);
+  // A call to worker `id` failed as if the worker were gone (connection
+  // refused or reset, no answer within the stall timeout): Live leaves it
+  // out until it is heard from again (heartbeat or registration), so
+  // requests stop going to a dead or stopped worker before its ttl ends.
+  void ReportFailure(const std::string& id);
 
-  // Live, non-draining workers of `role`; expired workers are dropped first.
+  // Live, non-draining workers of `role` not reported failing since they
+  // were last heard; expired workers are dropped first.
   std::vector<WorkerView> Live(Role role, absl::Time now);
   // Live workers of `role`, draining ones included.
   int CountLive(Role role, absl::Time now);
@@ -147,6 +153,7 @@ class WorkerRegistry {
     int outstanding_requests = 0;
     int64_t outstanding_tokens = 0;
     uint64_t incarnation = 0;  // distinct for every (re-)registration after a drop
+    bool failing = false;      // ReportFailure since it was last heard
     // Work this router saw finish since the last load report: the report
     // may still count it as queued or running, and views discount it.
     int finished_requests_since_report = 0;

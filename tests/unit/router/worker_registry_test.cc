@@ -63,6 +63,22 @@ TEST(WorkerRegistryTest, ASilentWorkerExpiresWhileTheRouterRuns) {
   EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Milliseconds(3250)), 0);
 }
 
+// A worker whose call failed as if it were gone is not offered until it is
+// heard from again; a live one is back after its next heartbeat.
+TEST(WorkerRegistryTest, AReportedFailureHidesTheWorkerUntilItIsHeardFrom) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d2", Role::kDecode), {}, kT0).ok());
+  registry.ReportFailure("d1");
+  registry.ReportFailure("unknown");  // no effect
+  auto live = registry.Live(Role::kDecode, kT0);
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].desc.id, "d2");
+  EXPECT_EQ(registry.CountLive(Role::kDecode, kT0), 2);  // still registered
+  EXPECT_TRUE(registry.Heartbeat("d1", {}, kT0 + absl::Milliseconds(200)));
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0 + absl::Milliseconds(200)).size(), 2u);
+}
+
 TEST(WorkerRegistryTest, RegisterHeartbeatAndExpire) {
   WorkerRegistry registry(absl::Seconds(3));
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());

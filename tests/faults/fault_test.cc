@@ -268,6 +268,8 @@ class FaultTest : public ::testing::Test {
     return streams;
   }
 
+  void PrefillFault(bool stop);
+
   std::string work_dir_;
   std::string model_dir_;
   std::unique_ptr<engine::ModelRunner> local_;
@@ -304,13 +306,23 @@ TEST_F(FaultTest, DecodeWorkerKilledMidStreamMigratesItsStreams) {
   for (auto& s : streams) EXPECT_NE(s->timings().decode_worker(), victim_id);
 }
 
-// kill -9 of a prefill worker: until the router drops it, requests sent
-// there fail at once (connection refused) and are retried on the other
-// prefill worker; none fails.
-TEST_F(FaultTest, PrefillWorkerKilledRequestsAreRetried) {
-  LocalCluster cluster(Options(2, 1));
+// A prefill worker killed (-9) or stopped (SIGSTOP) while idle: the next
+// request it is picked for fails at once (connection refused) or gets no
+// answer for the stall timeout, and is retried on the other prefill worker;
+// the router then stops offering it. No request fails.
+void FaultTest::PrefillFault(bool stop) {
+  LocalCluster cluster(Options(2, 1, {"--stall_timeout_ms=1000"}));
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = cluster.NewClient();
+  constexpr int kRequests = 8;
+  std::vector<std::vector<int32_t>> expected;
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    const auto prompt = Prompt(30 + i, 10 + i);
+    const auto params = Seeded(200 + i, 16);
+    expected.push_back(Expected(prompt, params));
+    requests.push_back(Request(prompt, params));
+  }
   // Where idle ties go: the next request goes to the same worker.
   const auto warm = RunGenerate(*stub, Request(Prompt(20, 0), Seeded(1, 4)));
   ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
@@ -320,31 +332,42 @@ TEST_F(FaultTest, PrefillWorkerKilledRequestsAreRetried) {
   ASSERT_NE(victim, cluster.prefill().end()) << picked;
   Process& survivor = **(victim == cluster.prefill().begin() ? cluster.prefill().begin() + 1
                                                              : cluster.prefill().begin());
-  const absl::Time kill_time = absl::Now();
-  (*victim)->proc.Kill();
+  const absl::Time fault_time = absl::Now();
+  if (stop) {
+    ASSERT_TRUE((*victim)->proc.Signal(SIGSTOP));
+  } else {
+    (*victim)->proc.Kill();
+  }
 
-  constexpr int kRequests = 8;
   std::vector<std::unique_ptr<Stream>> streams;
-  std::vector<std::vector<int32_t>> expected;
-  for (int i = 0; i < kRequests; ++i) {
-    const auto prompt = Prompt(30 + i, 10 + i);
-    const auto params = Seeded(200 + i, 16);
-    expected.push_back(Expected(prompt, params));
-    streams.push_back(std::make_unique<Stream>(*stub, Request(prompt, params), absl::Seconds(30)));
+  for (const auto& r : requests) {
+    streams.push_back(std::make_unique<Stream>(*stub, r, absl::Seconds(30)));
     ASSERT_TRUE(streams.back()->Wait(absl::Seconds(30)));
   }
   Outcome o = Collect(streams, expected);
   const double retries = RouterSeries(cluster, "pdserve_retries_total{pool=\"prefill\"}");
-  // Detection is the failed call itself: the first request's extra wait.
-  o.detect = streams[0]->LongestGapAfter(kill_time);
+  // Detection is the failed (or unanswered) call: the first request's wait.
+  o.detect = streams[0]->LongestGapAfter(fault_time);
+  if (stop) ASSERT_TRUE((*victim)->proc.Signal(SIGCONT));
   EXPECT_TRUE(KvFreed(*cluster.decode()[0]));
   EXPECT_TRUE(KvFreed(survivor));
   o.leaked_blocks = KvBlocksInUse(*cluster.decode()[0]) + KvBlocksInUse(survivor);
-  Report(absl::StrCat("kill -9 prefill worker (", retries, " retries)"), o);
+  if (stop) {
+    EXPECT_TRUE(KvFreed(**victim));
+    o.leaked_blocks += KvBlocksInUse(**victim);
+    EXPECT_GE(o.detect, absl::Milliseconds(900));  // the stall timeout
+  }
+  Report(absl::StrCat(stop ? "SIGSTOP" : "kill -9", " prefill worker (", retries, " retries)"), o);
   EXPECT_EQ(o.completed, kRequests);
   EXPECT_EQ(o.failed, 0);
   EXPECT_GE(retries, 1);
   EXPECT_EQ(o.leaked_blocks, 0);
+}
+
+TEST_F(FaultTest, PrefillWorkerKilledRequestsAreRetried) { PrefillFault(/*stop=*/false); }
+
+TEST_F(FaultTest, PrefillWorkerStoppedRequestsAreRetriedAfterTheStallTimeout) {
+  PrefillFault(/*stop=*/true);
 }
 
 // SIGSTOP of a decode worker while it streams: its streams relay nothing

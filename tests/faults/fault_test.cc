@@ -518,5 +518,36 @@ TEST_F(FaultTest, CancelledLongPromptsLeaveThePrefillQueue) {
   EXPECT_EQ(o.leaked_blocks, 0);
 }
 
+// Heartbeats run on a thread of their own that compute cannot starve: a
+// prefill worker computing two whole 3,000-token prompts in one step (a few
+// seconds on one core) stays registered with a router whose ttl is 500 ms.
+TEST_F(FaultTest, HeartbeatsGoOnWhileAWorkerComputes) {
+  ClusterOptions options = Options(1, 1, {"--worker_timeout_ms=500"});
+  options.prefill_flags.push_back("--max_batch_tokens=6000");
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+  Process& prefill = *cluster.prefill()[0];
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 2; ++i) {
+    streams.push_back(std::make_unique<Stream>(
+        *stub, Request(Prompt(3000, 80 + i), Seeded(800 + i, 4)), absl::Seconds(50)));
+  }
+  for (auto& s : streams) {
+    ASSERT_TRUE(s->Wait(absl::Seconds(50)));
+    EXPECT_TRUE(s->status().ok()) << s->status().error_message();
+  }
+  // Some step outlasted the ttl (the mean of the steps did).
+  const double steps = Metric(prefill, "pdserve_prefill_step_seconds_count");
+  const double mean_step =
+      Metric(prefill, "pdserve_prefill_step_seconds_sum") / std::max(steps, 1.0);
+  std::cout << "prefill: " << steps << " steps, " << mean_step << " s each on average" << std::endl;
+  EXPECT_GT(mean_step, 0.5) << "no step outlasted the ttl: the test showed nothing";
+  const std::string log = cluster.RouterLog();
+  EXPECT_EQ(log.find("missed its heartbeats"), std::string::npos) << log;
+  EXPECT_TRUE(KvFreed(prefill));
+  EXPECT_TRUE(KvFreed(*cluster.decode()[0]));
+}
+
 }  // namespace
 }  // namespace pdserve::testing

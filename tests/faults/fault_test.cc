@@ -64,6 +64,10 @@ class Stream {
     absl::MutexLock lock(&mu_);
     return tokens_;
   }
+  absl::Time ended() const {  // when the stream ended (once Wait returned true)
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
   v1::Timings timings() const {
     absl::MutexLock lock(&mu_);
     return timings_;
@@ -97,6 +101,7 @@ class Stream {
     grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     status_ = std::move(status);
+    ended_ = absl::Now();
     done_ = true;
   }
 
@@ -107,6 +112,7 @@ class Stream {
   std::vector<absl::Time> arrivals_ ABSL_GUARDED_BY(mu_);
   v1::Timings timings_ ABSL_GUARDED_BY(mu_);
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Time ended_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last
 };
@@ -304,6 +310,43 @@ TEST_F(FaultTest, DecodeWorkerKilledMidStreamMigratesItsStreams) {
   EXPECT_GE(o.migrated, 1) << "no stream was on the killed worker";
   EXPECT_EQ(o.leaked_blocks, 0);
   for (auto& s : streams) EXPECT_NE(s->timings().decode_worker(), victim_id);
+}
+
+// With a single attempt allowed, the streams of a killed decode worker fail
+// at once with UNAVAILABLE (none hangs), the others complete, and no KV is
+// left anywhere: the bound on attempts ends requests cleanly.
+TEST_F(FaultTest, WhenNoAttemptIsLeftTheStreamsFailCleanly) {
+  LocalCluster cluster(Options(1, 2, {"--max_attempts=1"}));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+  std::vector<std::vector<int32_t>> expected;
+  std::vector<std::unique_ptr<Stream>> streams = StartMidStream(*stub, 4, 40, &expected);
+  ASSERT_FALSE(HasFailure());
+  const absl::Time kill_time = absl::Now();
+  cluster.decode()[0]->proc.Kill();
+  Outcome o;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (!streams[i]->Wait(absl::Seconds(40))) {
+      ++o.lost;
+    } else if (streams[i]->status().ok()) {
+      EXPECT_EQ(streams[i]->tokens(), expected[i]);
+      ++o.completed;
+    } else {
+      EXPECT_EQ(streams[i]->status().error_code(), grpc::StatusCode::UNAVAILABLE)
+          << streams[i]->status().error_message();
+      o.detect = std::max(o.detect, streams[i]->ended() - kill_time);
+      ++o.failed;
+    }
+  }
+  EXPECT_TRUE(KvFreed(*cluster.decode()[1]));
+  EXPECT_TRUE(KvFreed(*cluster.prefill()[0]));
+  o.leaked_blocks = KvBlocksInUse(*cluster.decode()[1]) + KvBlocksInUse(*cluster.prefill()[0]);
+  Report("kill -9 decode worker, --max_attempts=1", o);
+  EXPECT_GE(o.failed, 1) << "no stream was on the killed worker";
+  EXPECT_EQ(o.completed + o.failed, 4);
+  EXPECT_EQ(o.lost, 0);
+  EXPECT_EQ(o.leaked_blocks, 0);
+  EXPECT_EQ(RouterSeries(cluster, "pdserve_migrations_total{reason=\"worker_failed\"}"), 0);
 }
 
 // A prefill worker killed (-9) or stopped (SIGSTOP) while idle: the next

@@ -88,7 +88,22 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
       !s.ok()) {
     return s;
   }
-  const int prompt_len = static_cast<int>(request.prompt.size());
+  if (!request.generated.empty()) {
+    if (static_cast<int>(request.generated.size()) >= request.sampling.max_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("generated_token_ids: ", request.generated.size(),
+                       " tokens leave none of max_tokens ", request.sampling.max_tokens));
+    }
+    for (int32_t t : request.generated) {
+      if (t < 0 || t >= config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("generated_token_ids: token ", t,
+                                                       " outside [0, ", config.vocab_size, ")"));
+      }
+    }
+  }
+  // Tokens whose KV the transfer brings.
+  const int known = static_cast<int>(request.prompt.size() + request.generated.size());
+  const int num_generated = static_cast<int>(request.generated.size());
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
@@ -96,7 +111,8 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     if (stop_) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
     absl::StatusOr<std::span<const int32_t>> blocks =
-        scheduler_.AddRemote(id, std::move(request.prompt), std::move(request.sampling));
+        scheduler_.AddRemote(id, std::move(request.prompt), std::move(request.sampling),
+                             request.generated);
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
@@ -104,14 +120,16 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     }
     table.assign(blocks->begin(), blocks->end());
     stream = std::make_shared<DecodeStream>(id, SplitMix64(transfer_salt_ + id));
-    entries_.emplace(id, Entry{.request_id = std::move(request.request_id), .stream = stream});
+    entries_.emplace(id, Entry{.request_id = std::move(request.request_id),
+                               .stream = stream,
+                               .num_generated = num_generated});
     metrics_->requests_admitted.Increment();
     UpdateGaugesLocked();
   }
 
   auto sink = std::make_shared<Sink>(this, stream->seq());
   if (absl::Status s = receiver_->Expect(stream->transfer_id(),
-                                         kvtransfer::TransferSpecFor(*runner_, prompt_len),
+                                         kvtransfer::TransferSpecFor(*runner_, known),
                                          std::move(table), sink, options_.kv_timeout);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
@@ -176,7 +194,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
     return;
   }
   entry.awaiting_kv = false;
-  entry.num_generated = 1;
+  ++entry.num_generated;
   absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
   if (!finish.ok()) {
     entry.stream->Push({.error = absl::InternalError(finish.status().message())});
@@ -184,7 +202,8 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
     return;
   }
   if (*finish != engine::FinishReason::kNone) {
-    entry.stream->Push({.finished = true, .finish_reason = *finish, .completion_tokens = 1});
+    entry.stream->Push(
+        {.finished = true, .finish_reason = *finish, .completion_tokens = entry.num_generated});
     entries_.erase(it);  // the scheduler freed it
   } else {
     entry.last_token_time = absl::Now();

@@ -42,6 +42,11 @@ namespace pdserve::decode {
 struct DecodeRequest {
   std::string request_id;
   std::vector<int32_t> prompt;
+  // A continuation (another decode worker failed): tokens already
+  // generated. The KV received covers prompt + generated, the token it
+  // brings is number generated.size(), and the stream carries the ones after
+  // it; all of them count toward max_tokens and the penalties.
+  std::vector<int32_t> generated;
   engine::SamplingParams sampling;
 };
 
@@ -115,7 +120,7 @@ class DecodeEngine {
     std::shared_ptr<DecodeStream> stream;
     bool awaiting_kv = true;
     bool cancelled = false;  // while awaiting KV: the receiver's cancel frees it
-    int num_generated = 0;   // tokens pushed, the first one included
+    int num_generated = 0;   // generated elsewhere, then pushed (the first one included)
     absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;

@@ -11,6 +11,8 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context,
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
   DecodeRequest request{.request_id = job->request_id(),
                         .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+                        .generated = {job->generated_token_ids().begin(),
+                                      job->generated_token_ids().end()},
                         .sampling = SamplingFromProto(job->sampling())};
   absl::StatusOr<std::shared_ptr<DecodeStream>> stream = engine_->Admit(std::move(request));
   if (!stream.ok()) return ToGrpcStatus(stream.status());

@@ -83,18 +83,27 @@ kvtransfer::TransferSpec PrefillEngine::SpecFor(int num_tokens) const {
 
 absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequest request) {
   const engine::ModelConfig& config = runner_->config();
-  const int n = static_cast<int>(request.prompt.size());
-  if (n == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  const int n = static_cast<int>(request.prompt.size() + request.generated.size());
   if (n >= config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", n,
                                                    " tokens leaves no room in the context of ",
                                                    config.max_position_embeddings));
   }
-  for (int32_t t : request.prompt) {
-    if (t < 0 || t >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_token_ids: token ", t, " outside [0, ", config.vocab_size, ")"));
+  for (const auto* tokens : {&request.prompt, &request.generated}) {
+    for (int32_t t : *tokens) {
+      if (t < 0 || t >= config.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tokens == &request.prompt ? "prompt_token_ids" : "generated_token_ids",
+                         ": token ", t, " outside [0, ", config.vocab_size, ")"));
+      }
     }
+  }
+  if (!request.generated.empty() &&
+      static_cast<int>(request.generated.size()) >= request.sampling.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generated_token_ids: ", request.generated.size(),
+                     " tokens leave none of max_tokens ", request.sampling.max_tokens));
   }
   if (absl::Status s = engine::ValidateSamplingParams(request.sampling, config.vocab_size);
       !s.ok()) {
@@ -109,7 +118,8 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
         absl::StrCat("prefill queue full (", options_.max_queued_requests, " requests)"));
   }
   const engine::SeqId id = next_seq_++;
-  if (absl::Status s = scheduler_.AddPrompt(id, std::move(request.prompt), request.sampling);
+  if (absl::Status s =
+          scheduler_.AddPrompt(id, std::move(request.prompt), request.sampling, request.generated);
       !s.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", n, " tokens exceeds this prefill worker's KV cache: ", s.message()));

@@ -44,8 +44,14 @@ namespace pdserve::prefill {
 struct PrefillRequest {
   std::string request_id;
   std::vector<int32_t> prompt;
+  // A continuation (the request's decode worker failed): tokens already
+  // generated. They are computed after the prompt, their KV is sent with
+  // the prompt's, and the token sampled is number generated.size() (they
+  // count toward max_tokens, min_tokens and the penalties).
+  std::vector<int32_t> generated;
   engine::SamplingParams sampling;
-  // Open session to the decode worker's receiver for this request.
+  // Open session to the decode worker's receiver for this request
+  // (prompt + generated tokens).
   std::unique_ptr<kvtransfer::SendSession> kv_session;
 };
 
@@ -108,7 +114,7 @@ class PrefillEngine {
     std::string request_id;
     std::unique_ptr<kvtransfer::SendSession> kv_session;
     std::shared_ptr<PrefillTicket> ticket;
-    int prompt_len = 0;
+    int prompt_len = 0;  // tokens whose KV is sent: prompt + generated
     absl::Time enqueued;
     absl::Time started;  // first step that computed it
     bool started_set = false;

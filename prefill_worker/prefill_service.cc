@@ -17,7 +17,8 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "kv_target.endpoint is empty");
   }
   auto session = sender_->Open(job->kv_target().endpoint(), job->kv_target().transfer_id(),
-                               engine_->SpecFor(job->prompt_token_ids_size()));
+                               engine_->SpecFor(job->prompt_token_ids_size() +
+                                                job->generated_token_ids_size()));
   if (!session.ok()) {
     return ToGrpcStatus(absl::Status(session.status().code(),
                                      absl::StrCat("cannot open KV transfer to ",
@@ -27,6 +28,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   PrefillRequest request{
       .request_id = job->request_id(),
       .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+      .generated = {job->generated_token_ids().begin(), job->generated_token_ids().end()},
       .sampling = SamplingFromProto(job->sampling()),
       .kv_session = std::move(*session)};
   auto ticket = engine_->Submit(std::move(request));

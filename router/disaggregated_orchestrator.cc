@@ -1,7 +1,11 @@
 #include "router/disaggregated_orchestrator.h"
 
+#include <algorithm>
 #include <deque>
+#include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
@@ -17,7 +21,8 @@ using internal::v1::DecodeEvent;
 
 class DisaggregatedGeneration;
 
-// One Decode call (one attempt at a decode worker). Lives until OnDone.
+// One Decode call (one reservation at a decode worker). Owned by its
+// generation until the generation is destroyed, which waits for OnDone.
 class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
  public:
   DecodeCall(DisaggregatedGeneration* owner, WorkerDesc worker, internal::v1::DecodeJob job,
@@ -31,11 +36,20 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
     StartRead(&event_);
     StartCall();
   }
+  // Any thread, before or after the call ends.
   void Cancel() { context_.TryCancel(); }
   const WorkerDesc& worker() const { return worker_; }
 
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
+
+  // Guarded by the owner's mu_.
+  bool done = false;
+  grpc::Status status;
+  bool reserved = false;
+  bool finished = false;
+  internal::v1::KvTarget kv_target;
+  OutstandingWork work;  // released when the call ends
 
  private:
   DisaggregatedGeneration* const owner_;
@@ -45,10 +59,66 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
   DecodeEvent event_;
 };
 
+// One Prefill call. Owned by its generation like a DecodeCall.
+struct PrefillCall {
+  grpc::ClientContext context;
+  internal::v1::PrefillJob job;
+  internal::v1::PrefillResult result;
+  WorkerDesc worker;
+  absl::Time dispatch;
+  // Guarded by the owner's mu_.
+  bool done = false;
+  OutstandingWork work;  // released when the call ends
+};
+
+// Why the current attempt ended without finishing the generation.
+struct AttemptFailure {
+  std::string pool;       // whose call failed or stalled: "prefill" or "decode"
+  std::string worker_id;  // avoided by the generation's later attempts
+  bool stalled = false;
+  // The worker looks gone (connection lost, no answer): the registry stops
+  // offering it until it is heard from (WorkerRegistry::ReportFailure).
+  bool worker_down = false;
+  absl::Status status;           // for the client when no attempt is left
+  DecodeCall* decode = nullptr;  // the attempt's calls, cancelled before the next
+  PrefillCall* prefill = nullptr;
+};
+
+// Codes a worker call ends with when the worker process died, restarted or
+// could not be reached (not a refusal of this request).
+bool WorkerDown(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::ABORTED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool Retryable(grpc::StatusCode code) {
+  return code != grpc::StatusCode::INVALID_ARGUMENT &&
+         code != grpc::StatusCode::DEADLINE_EXCEEDED &&
+         code != grpc::StatusCode::FAILED_PRECONDITION && code != grpc::StatusCode::OK;
+}
+
+// `pool` without the workers in `avoid`, unless none would be left.
+void Avoid(std::vector<WorkerView>& pool, const std::set<std::string>& avoid) {
+  const size_t n = std::count_if(pool.begin(), pool.end(),
+                                 [&](const WorkerView& w) { return avoid.count(w.desc.id) > 0; });
+  if (n == 0 || n == pool.size()) return;
+  std::erase_if(pool, [&](const WorkerView& w) { return avoid.count(w.desc.id) > 0; });
+}
+
 class DisaggregatedGeneration final : public frontend::Generation {
  public:
   DisaggregatedGeneration(DisaggregatedOrchestrator* orchestrator, frontend::GenerationJob job)
-      : orchestrator_(orchestrator), job_(std::move(job)), start_(absl::Now()) {}
+      : orchestrator_(orchestrator),
+        options_(orchestrator->options()),
+        job_(std::move(job)),
+        start_(absl::Now()) {}
 
   ~DisaggregatedGeneration() override {
     Cancel();
@@ -56,31 +126,47 @@ class DisaggregatedGeneration final : public frontend::Generation {
     mu_.Await(absl::Condition(this, &DisaggregatedGeneration::CallsDoneLocked));
   }
 
-  // Placement: reserve on a decode worker, dispatch the prefill.
-  absl::Status Place();
+  // The first placement: reserve on a decode worker, dispatch the prefill.
+  absl::Status Place() { return StartAttempt(); }
 
   absl::Status Next(absl::Duration timeout, std::vector<GenerationEvent>* out) override {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked), timeout);
-    while (!ready_.empty()) {
-      out->push_back(std::move(ready_.front()));
-      ready_.pop_front();
+    AttemptFailure failure;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked),
+                           timeout);
+      while (!ready_.empty()) {
+        out->push_back(std::move(ready_.front()));
+        ready_.pop_front();
+      }
+      if (!out->empty()) return absl::OkStatus();
+      if (!failure_.ok()) return failure_;
+      if (cancelled_) return absl::CancelledError("cancelled");
+      CheckStallLocked(absl::Now());
+      if (!attempt_failure_.has_value()) return absl::OkStatus();
+      failure = *std::move(attempt_failure_);
+      attempt_failure_.reset();
     }
-    if (!out->empty()) return absl::OkStatus();
-    if (!failure_.ok()) return failure_;
-    if (cancelled_) return absl::CancelledError("cancelled");
-    return absl::OkStatus();
+    return Recover(std::move(failure));
   }
 
   void Cancel() override {
+    std::vector<DecodeCall*> decodes;
+    std::vector<PrefillCall*> prefills;
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return;
       cancelled_ = true;
+      for (auto& c : decode_calls_) {
+        if (!c->done) decodes.push_back(c.get());
+      }
+      for (auto& c : prefill_calls_) {
+        if (!c->done) prefills.push_back(c.get());
+      }
     }
     // Outside mu_: gRPC may run reactions from TryCancel.
-    if (decode_ != nullptr) decode_->Cancel();
-    if (prefill_sent_) prefill_context_.TryCancel();
+    for (DecodeCall* c : decodes) c->Cancel();
+    for (PrefillCall* c : prefills) c->context.TryCancel();
   }
 
   frontend::Placement placement() const override {
@@ -89,56 +175,85 @@ class DisaggregatedGeneration final : public frontend::Generation {
   }
 
   // DecodeCall's reactions.
-  void OnDecodeEvent(DecodeEvent event);
-  void OnDecodeDone(const grpc::Status& status);
+  void OnDecodeEvent(DecodeCall* call, DecodeEvent event);
+  void OnDecodeDone(DecodeCall* call, const grpc::Status& status);
 
  private:
   bool CallsDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (decode_ == nullptr || decode_done_) && (!prefill_sent_ || prefill_done_);
+    for (const auto& c : decode_calls_) {
+      if (!c->done) return false;
+    }
+    for (const auto& c : prefill_calls_) {
+      if (!c->done) return false;
+    }
+    return true;
   }
   bool NextReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !ready_.empty() || !failure_.ok() || cancelled_;
-  }
-  bool DecodeAnsweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return reserved_ || decode_done_;
+    return !ready_.empty() || !failure_.ok() || cancelled_ || attempt_failure_.has_value();
   }
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (failure_.ok() && !cancelled_) failure_ = std::move(status);
   }
-  // Queues an event in order: held back until the first token is out.
-  void QueueLocked(GenerationEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    (first_token_out_ ? ready_ : held_).push_back(std::move(event));
+  // Ends the current attempt: its calls' later events are ignored, and the
+  // session's next Next starts another attempt (or fails the generation).
+  void FailAttemptLocked(AttemptFailure failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (attempt_failure_.has_value() || cancelled_ || !failure_.ok()) return;
+    failure.decode = std::exchange(current_decode_, nullptr);
+    failure.prefill = std::exchange(current_prefill_, nullptr);
+    attempt_failure_ = std::move(failure);
   }
-  void OnPrefillDone(const grpc::Status& status);
+  // Hands an event of the current attempt to the session, in order: held
+  // back until the attempt's first token is out.
+  void QueueLocked(GenerationEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (attempt_first_out_) {
+      RelayLocked(std::move(event));
+    } else {
+      held_.push_back(std::move(event));
+    }
+  }
+  void RelayLocked(GenerationEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    generated_.insert(generated_.end(), event.tokens.begin(), event.tokens.end());
+    finished_ |= event.finished;
+    last_progress_ = absl::Now();
+    ready_.push_back(std::move(event));
+  }
+  // A stall: nothing from the current attempt for the stall timeout.
+  void CheckStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPrefillDone(PrefillCall* call, const grpc::Status& status);
+  // One attempt from the tokens relayed so far: a reservation on a decode
+  // worker (the next one on a refusal), then the prefill.
+  absl::Status StartAttempt();
+  // Cancels the failed attempt and starts the next one, or fails.
+  absl::Status Recover(AttemptFailure failure);
 
   DisaggregatedOrchestrator* const orchestrator_;
+  const OrchestratorOptions& options_;
   const frontend::GenerationJob job_;
   const absl::Time start_;
 
+  // Used by Place and Recover only (one thread at a time: Start's caller,
+  // then the session's).
+  int attempts_ = 0;
+  std::set<std::string> avoid_decode_;
+  std::set<std::string> avoid_prefill_;
+
   mutable absl::Mutex mu_;
-  // The accepted decode call, or the attempt in flight during Place. Set and
-  // reset only by Place (before any other thread sees the generation).
-  std::unique_ptr<DecodeCall> decode_;
-  OutstandingWork decode_work_;  // released with the generation
-  bool decode_done_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status decode_status_ ABSL_GUARDED_BY(mu_);
-  bool reserved_ ABSL_GUARDED_BY(mu_) = false;
-  bool decode_finished_ ABSL_GUARDED_BY(mu_) = false;
-  internal::v1::KvTarget kv_target_ ABSL_GUARDED_BY(mu_);
-
-  // The Prefill call; prefill_sent_ is set by Place before the call starts.
-  grpc::ClientContext prefill_context_;
-  internal::v1::PrefillJob prefill_job_;
-  internal::v1::PrefillResult prefill_result_;
-  bool prefill_sent_ = false;
-  WorkerDesc prefill_worker_;
-  OutstandingWork prefill_work_ ABSL_GUARDED_BY(mu_);  // released when the call ends
-  absl::Time dispatch_;
-  bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
-
-  bool first_token_out_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<GenerationEvent> ready_ ABSL_GUARDED_BY(mu_);
+  // Every call made, kept until the generation is destroyed.
+  std::vector<std::unique_ptr<DecodeCall>> decode_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<PrefillCall>> prefill_calls_ ABSL_GUARDED_BY(mu_);
+  // The current attempt's calls; null between a failure and the next attempt.
+  DecodeCall* current_decode_ ABSL_GUARDED_BY(mu_) = nullptr;
+  PrefillCall* current_prefill_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool attempt_first_out_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GenerationEvent> held_ ABSL_GUARDED_BY(mu_);
+  std::optional<AttemptFailure> attempt_failure_ ABSL_GUARDED_BY(mu_);
+  // When the current attempt was dispatched or last relayed a token.
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
+
+  // Tokens handed to the session (ready_ included), in order.
+  std::vector<int32_t> generated_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<GenerationEvent> ready_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   frontend::Placement placement_ ABSL_GUARDED_BY(mu_);
@@ -146,20 +261,22 @@ class DisaggregatedGeneration final : public frontend::Generation {
 
 void DecodeCall::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
-  owner_->OnDecodeEvent(std::move(event_));
+  owner_->OnDecodeEvent(this, std::move(event_));
   event_.Clear();
   StartRead(&event_);
 }
 
-void DecodeCall::OnDone(const grpc::Status& status) { owner_->OnDecodeDone(status); }
+void DecodeCall::OnDone(const grpc::Status& status) { owner_->OnDecodeDone(this, status); }
 
-void DisaggregatedGeneration::OnDecodeEvent(DecodeEvent event) {
+void DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event) {
   absl::MutexLock lock(&mu_);
+  if (event.event_case() == DecodeEvent::kReserved) {
+    call->reserved = true;
+    call->kv_target = event.reserved().kv_target();
+    return;
+  }
+  if (call != current_decode_) return;  // a failed attempt's
   switch (event.event_case()) {
-    case DecodeEvent::kReserved:
-      reserved_ = true;
-      kv_target_ = event.reserved().kv_target();
-      return;
     case DecodeEvent::kTokens: {
       GenerationEvent out;
       const auto& tokens = event.tokens();
@@ -173,105 +290,224 @@ void DisaggregatedGeneration::OnDecodeEvent(DecodeEvent event) {
       return;
     }
     case DecodeEvent::kFinished: {
-      decode_finished_ = true;
+      call->finished = true;
       GenerationEvent out;
       out.finished = true;
       out.finish_reason = static_cast<engine::FinishReason>(event.finished().finish_reason());
       QueueLocked(std::move(out));
       return;
     }
+    case DecodeEvent::kReserved:
     case DecodeEvent::EVENT_NOT_SET:
       return;
   }
 }
 
-void DisaggregatedGeneration::OnDecodeDone(const grpc::Status& status) {
+void DisaggregatedGeneration::OnDecodeDone(DecodeCall* call, const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
-  decode_done_ = true;
-  decode_status_ = status;
-  if (!reserved_ || decode_finished_) return;  // a refusal (Place reads it), or the end
-  const std::string& id = decode_->worker().id;
-  if (!cancelled_) orchestrator_->metrics().CountWorkerFailure("decode");
-  if (status.ok()) {
-    FailLocked(absl::InternalError(
-        absl::StrCat("decode on ", id, " failed: the stream ended without finishing")));
-  } else {
-    FailLocked(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            absl::StrCat("decode failed: ", status.error_message())));
+  call->done = true;
+  call->status = status;
+  call->work.Release();
+  // A refusal (StartAttempt reads it), the end, or a failed attempt's call.
+  if (call != current_decode_ || call->finished || cancelled_) return;
+  orchestrator_->metrics().CountWorkerFailure("decode");
+  const std::string& id = call->worker().id;
+  PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": decode on " << id << " failed after "
+                       << generated_.size() << " tokens: "
+                       << (status.ok() ? "the stream ended without finishing"
+                                       : status.error_message());
+  absl::Status why = status.ok()
+                         ? absl::InternalError(absl::StrCat(
+                               "decode on ", id, " failed: the stream ended without finishing"))
+                         : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                        absl::StrCat("decode failed: ", status.error_message()));
+  if (!status.ok() && !Retryable(status.error_code())) {
+    FailLocked(std::move(why));
+    return;
   }
+  FailAttemptLocked({.pool = "decode",
+                     .worker_id = id,
+                     .worker_down = status.ok() || WorkerDown(status),
+                     .status = std::move(why)});
 }
 
-void DisaggregatedGeneration::OnPrefillDone(const grpc::Status& status) {
+void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
-  prefill_done_ = true;
-  prefill_work_.Release();
+  call->done = true;
+  call->work.Release();
+  if (call != current_prefill_ || cancelled_) return;
   if (!status.ok()) {
-    if (!cancelled_) {
-      orchestrator_->metrics().CountWorkerFailure("prefill");
-      PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": prefill on " << prefill_worker_.id
-                           << " failed: " << status.error_message();
+    orchestrator_->metrics().CountWorkerFailure("prefill");
+    PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": prefill on " << call->worker.id
+                         << " failed: " << status.error_message();
+    absl::Status why(static_cast<absl::StatusCode>(status.error_code()),
+                     absl::StrCat("prefill failed: ", status.error_message()));
+    if (!Retryable(status.error_code())) {
+      FailLocked(std::move(why));
+      return;
     }
-    FailLocked(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            absl::StrCat("prefill failed: ", status.error_message())));
+    FailAttemptLocked({.pool = "prefill",
+                       .worker_id = call->worker.id,
+                       .worker_down = WorkerDown(status),
+                       .status = std::move(why)});
     return;
   }
   GenerationEvent first;
-  first.tokens.push_back(prefill_result_.first_token_id());
+  first.tokens.push_back(call->result.first_token_id());
   if (job_.sampling.logprobs >= 0) {
-    first.logprobs.push_back(LogprobsFromProto(prefill_result_.first_token_id(),
-                                               prefill_result_.first_token_logprobs()));
+    first.logprobs.push_back(
+        LogprobsFromProto(call->result.first_token_id(), call->result.first_token_logprobs()));
   }
-  first.queue_seconds = absl::ToDoubleSeconds(dispatch_ - start_) + prefill_result_.queue_seconds();
-  ready_.push_back(std::move(first));
+  if (generated_.empty()) {
+    first.queue_seconds =
+        absl::ToDoubleSeconds(call->dispatch - start_) + call->result.queue_seconds();
+  }
+  RelayLocked(std::move(first));
   while (!held_.empty()) {
-    ready_.push_back(std::move(held_.front()));
+    RelayLocked(std::move(held_.front()));
     held_.pop_front();
   }
-  first_token_out_ = true;
+  attempt_first_out_ = true;
 }
 
-absl::Status DisaggregatedGeneration::Place() {
+void DisaggregatedGeneration::CheckStallLocked(absl::Time now) {
+  if (options_.stall_timeout <= absl::ZeroDuration() || finished_ || current_decode_ == nullptr ||
+      now - last_progress_ <= options_.stall_timeout) {
+    return;
+  }
+  // Before the attempt's first token the prefill's answer is awaited; after
+  // it, the decode stream's next token.
+  const bool prefill = !attempt_first_out_ && current_prefill_ != nullptr;
+  const std::string pool = prefill ? "prefill" : "decode";
+  const std::string id = prefill ? current_prefill_->worker.id : current_decode_->worker().id;
+  PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": nothing from " << pool << " worker "
+                       << id << " for " << absl::FormatDuration(now - last_progress_)
+                       << "; treated as failed";
+  FailAttemptLocked(
+      {.pool = pool,
+       .worker_id = id,
+       .stalled = true,
+       .worker_down = true,
+       .status = absl::UnavailableError(absl::StrCat(
+           pool, " worker ", id, " stalled for ", absl::FormatDuration(options_.stall_timeout)))});
+}
+
+absl::Status DisaggregatedGeneration::Recover(AttemptFailure failure) {
+  // Outside mu_: gRPC may run reactions from TryCancel.
+  if (failure.decode != nullptr) failure.decode->Cancel();
+  if (failure.prefill != nullptr) failure.prefill->context.TryCancel();
+  (failure.pool == "decode" ? avoid_decode_ : avoid_prefill_).insert(failure.worker_id);
+  if (failure.worker_down) orchestrator_->registry().ReportFailure(failure.worker_id);
+  size_t generated;
+  {
+    absl::MutexLock lock(&mu_);
+    held_.clear();
+    attempt_first_out_ = false;
+    generated = generated_.size();
+    if (static_cast<int>(generated) >= job_.sampling.max_tokens) {
+      // Every token was relayed; only the finish was lost.
+      RelayLocked({.finished = true, .finish_reason = engine::FinishReason::kLength});
+      return absl::OkStatus();
+    }
+  }
+  absl::Status status;
+  if (attempts_ >= std::max(options_.max_attempts, 1)) {
+    status = absl::UnavailableError(absl::StrCat(failure.status.message(), " (attempt ", attempts_,
+                                                 " of ", options_.max_attempts, ")"));
+  } else if (absl::Now() >= job_.deadline) {
+    status = absl::DeadlineExceededError("deadline exceeded while moving the request");
+  } else {
+    if (generated == 0) {
+      orchestrator_->metrics().CountRetry(failure.pool);
+    } else {
+      orchestrator_->metrics().CountMigration(failure.stalled ? "stalled" : "worker_failed");
+    }
+    PDSERVE_LOG(INFO) << "request " << job_.request_id << ": "
+                      << (generated == 0 ? "retrying" : "migrating") << " after " << generated
+                      << " tokens (attempt " << attempts_ + 1 << ")";
+    status = StartAttempt();
+  }
+  if (status.ok()) return status;
+  absl::MutexLock lock(&mu_);
+  FailLocked(status);
+  return failure_.ok() ? absl::CancelledError("cancelled") : failure_;
+}
+
+absl::Status DisaggregatedGeneration::StartAttempt() {
+  ++attempts_;
   WorkerRegistry& registry = orchestrator_->registry();
-  const int prompt_len = static_cast<int>(job_.prompt.size());
+  std::vector<int32_t> generated;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return absl::CancelledError("cancelled");
+    generated = generated_;
+  }
+  const int num_generated = static_cast<int>(generated.size());
   internal::v1::DecodeJob decode_job;
   decode_job.set_request_id(job_.request_id);
   decode_job.mutable_prompt_token_ids()->Assign(job_.prompt.begin(), job_.prompt.end());
+  decode_job.mutable_generated_token_ids()->Assign(generated.begin(), generated.end());
   *decode_job.mutable_sampling() = SamplingToProto(job_.sampling);
+  // Prompt and generated tokens: what the prefill computes and the KV covers.
+  std::vector<int32_t> known = job_.prompt;
+  known.insert(known.end(), generated.begin(), generated.end());
 
   // 1. Reserve KV on a decode worker; on refusal try the next one.
   std::set<std::string> tried;
   grpc::Status last_refusal(grpc::StatusCode::UNAVAILABLE, "no live decode worker");
-  while (true) {
+  DecodeCall* accepted = nullptr;
+  while (accepted == nullptr) {
     std::vector<WorkerView> pool = registry.Live(Role::kDecode, absl::Now());
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
+    Avoid(pool, avoid_decode_);
     std::optional<size_t> pick = orchestrator_->policy()->PickDecode(
-        pool, {.prompt_tokens = prompt_len, .max_tokens = job_.sampling.max_tokens});
+        pool, {.prompt_tokens = static_cast<int>(known.size()),
+               .max_tokens = job_.sampling.max_tokens - num_generated});
     if (!pick) break;
     if (!tried.empty()) orchestrator_->metrics().CountRetry("decode");
     const WorkerDesc worker = pool[*pick].desc;
     tried.insert(worker.id);
-    decode_work_ = registry.StartWork(worker.id, 0);
+    auto owned = std::make_unique<DecodeCall>(this, worker, decode_job, job_.deadline);
+    DecodeCall* call = owned.get();
+    call->work = registry.StartWork(worker.id, 0);
     {
       absl::MutexLock lock(&mu_);
-      decode_done_ = false;
-      reserved_ = false;
+      decode_calls_.push_back(std::move(owned));
     }
-    decode_ = std::make_unique<DecodeCall>(this, worker, decode_job, job_.deadline);
-    decode_->Begin(orchestrator_->DecodeStub(worker.address));
+    call->Begin(orchestrator_->DecodeStub(worker.address));
+    // A worker that does not answer (stopped, hung) is given up after the
+    // stall timeout; the call's deadline bounds the wait in any case.
+    absl::Duration wait = job_.deadline - absl::Now();
+    if (options_.stall_timeout > absl::ZeroDuration()) {
+      wait = std::min(wait, options_.stall_timeout);
+    }
     grpc::Status refusal;
+    bool cancelled = false;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &DisaggregatedGeneration::DecodeAnsweredLocked));
-      if (reserved_) break;
-      refusal = decode_status_;
+      auto answered = [call]() { return call->reserved || call->done; };
+      const bool in_time = mu_.AwaitWithTimeout(absl::Condition(&answered), wait);
+      cancelled = cancelled_;
+      if (call->reserved && !cancelled) {
+        accepted = call;
+        break;
+      }
+      refusal = in_time ? call->status
+                        : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       absl::StrCat("no reservation from ", worker.id, " within ",
+                                                    absl::FormatDuration(wait)));
     }
-    decode_work_.Release();
-    decode_.reset();  // done: OnDone ran
+    call->Cancel();  // no effect on a call that ended
+    if (cancelled) return absl::CancelledError("cancelled");
     if (refusal.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return frontend::WithRejectReason(FromGrpcStatus(refusal), "invalid_argument");
     }
     if (refusal.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return FromGrpcStatus(refusal);
+    }
+    if (refusal.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      avoid_decode_.insert(worker.id);
+      registry.ReportFailure(worker.id);
     }
     PDSERVE_LOG(DEBUG) << "decode worker " << worker.id << " refused " << job_.request_id << ": "
                        << refusal.error_message();
@@ -279,7 +515,7 @@ absl::Status DisaggregatedGeneration::Place() {
         refusal.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "decode worker sent no reservation")
                      : refusal;
   }
-  if (decode_ == nullptr) {
+  if (accepted == nullptr) {
     if (tried.empty()) {
       return frontend::WithRejectReason(absl::UnavailableError("no live decode worker"),
                                         "no_decode_worker");
@@ -292,38 +528,53 @@ absl::Status DisaggregatedGeneration::Place() {
 
   // 2. Prefill on the prefill worker the policy picks (the one likely to
   // hold the prompt's prefix, unless loaded); it sends the KV to the
-  // reservation and answers with the first token.
+  // reservation and answers with the next token.
   std::vector<WorkerView> prefill_pool = registry.Live(Role::kPrefill, absl::Now());
-  const PrefillQuery prefill_query(job_.prompt);
+  Avoid(prefill_pool, avoid_prefill_);
+  const PrefillQuery prefill_query(known);
   std::optional<size_t> prefill_pick =
       orchestrator_->policy()->PickPrefill(prefill_pool, prefill_query);
   if (!prefill_pick) {
-    // The destructor cancels the reservation.
+    accepted->Cancel();
     return frontend::WithRejectReason(absl::UnavailableError("no live prefill worker"),
                                       "no_prefill_worker");
   }
-  prefill_worker_ = prefill_pool[*prefill_pick].desc;
-  prefill_job_.set_request_id(job_.request_id);
-  prefill_job_.mutable_prompt_token_ids()->Assign(job_.prompt.begin(), job_.prompt.end());
-  *prefill_job_.mutable_sampling() = decode_job.sampling();
-  {
-    absl::MutexLock lock(&mu_);
-    *prefill_job_.mutable_kv_target() = kv_target_;
-    placement_ = {.prefill_worker = prefill_worker_.id, .decode_worker = decode_->worker().id};
-  }
+  auto owned = std::make_unique<PrefillCall>();
+  PrefillCall* call = owned.get();
+  call->worker = prefill_pool[*prefill_pick].desc;
+  call->job.set_request_id(job_.request_id);
+  call->job.mutable_prompt_token_ids()->Assign(job_.prompt.begin(), job_.prompt.end());
+  call->job.mutable_generated_token_ids()->Assign(generated.begin(), generated.end());
+  *call->job.mutable_sampling() = decode_job.sampling();
   if (job_.deadline != absl::InfiniteFuture()) {
-    prefill_context_.set_deadline(absl::ToChronoTime(job_.deadline));
+    call->context.set_deadline(absl::ToChronoTime(job_.deadline));
   }
-  dispatch_ = absl::Now();
+  bool cancelled = false;
   {
     absl::MutexLock lock(&mu_);
-    prefill_work_ = registry.StartPrefill(prefill_pool[*prefill_pick], prefill_query, absl::Now());
+    cancelled = cancelled_;
   }
-  prefill_sent_ = true;
-  orchestrator_->PrefillStub(prefill_worker_.address)
+  if (cancelled) {
+    accepted->Cancel();  // Cancel() may have run before the reservation was made
+    return absl::CancelledError("cancelled");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    *call->job.mutable_kv_target() = accepted->kv_target;
+    placement_ = {.prefill_worker = call->worker.id, .decode_worker = accepted->worker().id};
+    call->dispatch = absl::Now();
+    call->work = registry.StartPrefill(prefill_pool[*prefill_pick], prefill_query, call->dispatch);
+    current_decode_ = accepted;
+    current_prefill_ = call;
+    last_progress_ = call->dispatch;
+    prefill_calls_.push_back(std::move(owned));
+  }
+  // A Cancel from here on reaches the call (a context cancelled before its
+  // call starts cancels the call as it starts).
+  orchestrator_->PrefillStub(call->worker.address)
       .async()
-      ->Prefill(&prefill_context_, &prefill_job_, &prefill_result_,
-                [this](grpc::Status status) { OnPrefillDone(status); });
+      ->Prefill(&call->context, &call->job, &call->result,
+                [this, call](grpc::Status status) { OnPrefillDone(call, status); });
   return absl::OkStatus();
 }
 
@@ -331,8 +582,9 @@ absl::Status DisaggregatedGeneration::Place() {
 
 DisaggregatedOrchestrator::DisaggregatedOrchestrator(WorkerRegistry* registry,
                                                      const RoutingPolicy* policy,
-                                                     RouterMetrics* metrics)
-    : registry_(registry), policy_(policy), metrics_(metrics) {}
+                                                     RouterMetrics* metrics,
+                                                     OrchestratorOptions options)
+    : options_(options), registry_(registry), policy_(policy), metrics_(metrics) {}
 
 internal::v1::PrefillWorker::Stub& DisaggregatedOrchestrator::PrefillStub(
     const std::string& address) {

@@ -11,12 +11,21 @@
 // they are held back until the first token is out. Cancelling a generation
 // cancels both calls, which frees the request's KV on both workers.
 //
-// Fault handling is meant to live here, behind the same interface: a failure
-// before the first token can re-run placement on other workers; after it,
-// the generation knows the prompt, the job's seed and every token it has
-// relayed, so it can re-prefill prompt + generated tokens on another pair
-// and keep feeding the same event queue. The session and the adapters do not
-// change.
+// Faults are handled here, behind the same interface (the session and the
+// adapters do not see them). A generation is run by attempts: one decode
+// reservation plus one prefill. When an attempt fails (a worker call ends
+// with an error we did not ask for, a stream ends without finishing, or
+// nothing arrives for `stall_timeout`), the generation starts another
+// attempt on other workers, up to `max_attempts` in all and within the
+// request's deadline. Before the first token this is a retry
+// (pdserve_retries_total{pool}); after it, a migration
+// (pdserve_migrations_total{reason}): the new attempt prefills the prompt
+// plus every token already relayed, and the new decode worker continues
+// from there. Sampling draws depend only on (seed, position), and the
+// relayed tokens count toward max_tokens and the penalties on the workers,
+// so the client's stream goes on without a gap or a repeat, with the tokens
+// an uninterrupted run gives. Tokens of a failed attempt that were not yet
+// relayed are dropped (the next attempt computes them again).
 #pragma once
 
 #include <map>
@@ -33,12 +42,22 @@
 
 namespace pdserve::router {
 
+struct OrchestratorOptions {
+  // Attempts a generation may use in all (the first placement, retries and
+  // migrations); at least 1.
+  int max_attempts = 3;
+  // A decode worker that does not answer a reservation, a prefill that
+  // does not answer, or a decode stream that relays no token for this long
+  // is treated as failed. Zero: never (the request's deadline still holds).
+  absl::Duration stall_timeout = absl::ZeroDuration();
+};
+
 class DisaggregatedOrchestrator final : public frontend::Orchestrator {
  public:
   // `registry`, `policy` and `metrics` must outlive the orchestrator and
   // every generation it started.
   DisaggregatedOrchestrator(WorkerRegistry* registry, const RoutingPolicy* policy,
-                            RouterMetrics* metrics);
+                            RouterMetrics* metrics, OrchestratorOptions options = {});
 
   // Refusals: UNAVAILABLE with reason no_decode_worker or no_prefill_worker
   // when a pool is empty; the decode workers' own status (RESOURCE_EXHAUSTED
@@ -51,8 +70,10 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   WorkerRegistry& registry() { return *registry_; }
   const RoutingPolicy* policy() const { return policy_; }
   RouterMetrics& metrics() { return *metrics_; }
+  const OrchestratorOptions& options() const { return options_; }
 
  private:
+  const OrchestratorOptions options_;
   WorkerRegistry* const registry_;
   const RoutingPolicy* const policy_;
   RouterMetrics* const metrics_;

@@ -46,6 +46,12 @@ ABSL_FLAG(std::string, routing_policy, "prefix_aware",
           "unless loaded) or least_loaded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
+ABSL_FLAG(int, max_attempts, 3,
+          "Placements a request may use in all: retries before its first token and migrations "
+          "to another worker pair after it");
+ABSL_FLAG(int, stall_timeout_ms, 30000,
+          "A decode stream silent this long, or a worker call unanswered this long, is treated "
+          "as failed and the request moves on (0: never)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -86,7 +92,10 @@ int Main() {
   router::WorkerRegistry workers(absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
   router::RegistryService registry_service(
       &workers, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
-  router::DisaggregatedOrchestrator orchestrator(&workers, policy->get(), &metrics);
+  router::DisaggregatedOrchestrator orchestrator(
+      &workers, policy->get(), &metrics,
+      {.max_attempts = absl::GetFlag(FLAGS_max_attempts),
+       .stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms))});
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{

@@ -16,11 +16,18 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                   .Name("pdserve_retries_total")
                   .Help("Requests offered to another worker of the pool after one refused or "
                         "failed, by pool")
-                  .Register(r)) {
+                  .Register(r)),
+      migrations(prometheus::BuildCounter()
+                     .Name("pdserve_migrations_total")
+                     .Help("Generations re-prefilled with their generated tokens and continued "
+                           "on another worker pair after their first token, by reason "
+                           "(worker_failed, stalled)")
+                     .Register(r)) {
   for (const std::string& pool : kPools) {
     worker_failures.Add({{"pool", pool}});
     retries.Add({{"pool", pool}});
   }
+  for (const std::string& reason : kMigrationReasons) migrations.Add({{"reason", reason}});
 }
 
 }  // namespace pdserve::router

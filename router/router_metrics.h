@@ -16,6 +16,8 @@ namespace pdserve::router {
 // Every value the pool label takes; the series are created at start-up with
 // value 0 (see frontend/client_metrics.h).
 inline const std::vector<std::string> kPools = {"prefill", "decode"};
+// Why a generation moved to another worker pair after its first token.
+inline const std::vector<std::string> kMigrationReasons = {"worker_failed", "stalled"};
 
 struct RouterMetrics {
   // Registers the series in `registry`, which must outlive this struct.
@@ -28,11 +30,18 @@ struct RouterMetrics {
   // The request was offered to another worker of the pool after one refused
   // or failed, label pool.
   prometheus::Family<prometheus::Counter>& retries;
+  // Generations re-prefilled (prompt + generated tokens) and continued on
+  // another worker pair after their first token, label reason
+  // (kMigrationReasons).
+  prometheus::Family<prometheus::Counter>& migrations;
 
   void CountWorkerFailure(const std::string& pool) {
     worker_failures.Add({{"pool", pool}}).Increment();
   }
   void CountRetry(const std::string& pool) { retries.Add({{"pool", pool}}).Increment(); }
+  void CountMigration(const std::string& reason) {
+    migrations.Add({{"reason", reason}}).Increment();
+  }
 };
 
 }  // namespace pdserve::router

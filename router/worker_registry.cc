@@ -57,6 +57,7 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
   e.desc = desc;
   e.load = load;
   e.last_seen = now;
+  e.failing = false;
   e.finished_requests_since_report = 0;
   e.finished_tokens_since_report = 0;
   UpdatePrefixesLocked(e, &load.cached_block_hashes, now);
@@ -75,6 +76,8 @@ bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, ab
   if (it == workers_.end()) return false;
   it->second.load = load;
   it->second.last_seen = now;
+  if (it->second.failing) PDSERVE_LOG(INFO) << "worker " << id << " is heard from again";
+  it->second.failing = false;
   it->second.finished_requests_since_report = 0;
   it->second.finished_tokens_since_report = 0;
   UpdatePrefixesLocked(it->second, &load.cached_block_hashes, now);
@@ -86,12 +89,20 @@ void WorkerRegistry::Deregister(const std::string& id) {
   if (workers_.erase(id) > 0) PDSERVE_LOG(INFO) << "worker " << id << " left";
 }
 
+void WorkerRegistry::ReportFailure(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.failing) return;
+  it->second.failing = true;
+  PDSERVE_LOG(WARNING) << "worker " << id << " failed a call; not offered until heard from again";
+}
+
 std::vector<WorkerView> WorkerRegistry::Live(Role role, absl::Time now) {
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
   std::vector<WorkerView> out;
   for (const auto& [id, e] : workers_) {
-    if (e.desc.role != role || e.load.draining) continue;
+    if (e.desc.role != role || e.load.draining || e.failing) continue;
     // A report taken before work this router saw finish still counts it.
     LoadReport load = e.load;
     load.queued_prompt_tokens =
@@ -188,6 +199,13 @@ void OutstandingWork::Release() {
 }
 
 void WorkerRegistry::ExpireLocked(absl::Time now) {
+  if (last_activity_ != absl::InfinitePast() && now - last_activity_ > ttl_ && !workers_.empty()) {
+    PDSERVE_LOG(WARNING) << "the router was not running for "
+                         << absl::FormatDuration(now - last_activity_) << "; every worker gets "
+                         << absl::FormatDuration(ttl_) << " to be heard before it expires";
+    for (auto& [id, e] : workers_) e.last_seen = std::max(e.last_seen, now);
+  }
+  last_activity_ = std::max(last_activity_, now);
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (now - it->second.last_seen > ttl_) {
       PDSERVE_LOG(WARNING) << "worker " << it->first << " missed its heartbeats for "

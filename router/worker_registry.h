@@ -110,7 +110,13 @@ class OutstandingWork {
 
 class WorkerRegistry {
  public:
-  // A worker silent for longer than `ttl` is dropped.
+  // A worker silent for longer than `ttl` is dropped. Every call that takes
+  // `now` is registry activity; the router calls it at least every few
+  // hundred milliseconds (heartbeats, its pool watcher). When the previous
+  // activity is more than `ttl` before `now`, the router itself was not
+  // running (stopped, starved): workers' heartbeats could not be heard, so
+  // each worker gets one `ttl` from `now` before it can expire, rather than
+  // the whole pool expiring at once.
   explicit WorkerRegistry(absl::Duration ttl) : ttl_(ttl) {}
 
   // Adds or replaces a worker. FAILED_PRECONDITION if its model fingerprint
@@ -119,8 +125,14 @@ class WorkerRegistry {
   // False if the worker is unknown (expired or never registered).
   bool Heartbeat(const std::string& id, const LoadReport& load, absl::Time now);
   void Deregister(const std::string& id);
+  // A call to worker `id` failed as if the worker were gone (connection
+  // refused or reset, no answer within the stall timeout): Live leaves it
+  // out until it is heard from again (heartbeat or registration), so
+  // requests stop going to a dead or stopped worker before its ttl ends.
+  void ReportFailure(const std::string& id);
 
-  // Live, non-draining workers of `role`; expired workers are dropped first.
+  // Live, non-draining workers of `role` not reported failing since they
+  // were last heard; expired workers are dropped first.
   std::vector<WorkerView> Live(Role role, absl::Time now);
   // Live workers of `role`, draining ones included.
   int CountLive(Role role, absl::Time now);
@@ -141,6 +153,7 @@ class WorkerRegistry {
     int outstanding_requests = 0;
     int64_t outstanding_tokens = 0;
     uint64_t incarnation = 0;  // distinct for every (re-)registration after a drop
+    bool failing = false;      // ReportFailure since it was last heard
     // Work this router saw finish since the last load report: the report
     // may still count it as queued or running, and views discount it.
     int finished_requests_since_report = 0;
@@ -163,6 +176,7 @@ class WorkerRegistry {
   absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // ordered: deterministic ties
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pdserve::router

@@ -34,15 +34,16 @@ const Scheduler::Sequence* Scheduler::Find(SeqId id) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-int Scheduler::FullReserveTokens(int prompt_len, const SamplingParams& sampling) const {
+int Scheduler::FullReserveTokens(int prompt_len, int known_tokens,
+                                 const SamplingParams& sampling) const {
   // The last generated token never enters the cache.
-  if (options_.role == SchedulerRole::kPrefill) return prompt_len;
-  return prompt_len + std::max(sampling.max_tokens, 1) - 1;
+  if (options_.role == SchedulerRole::kPrefill) return known_tokens;
+  return std::max(known_tokens, prompt_len + std::max(sampling.max_tokens, 1) - 1);
 }
 
 int Scheduler::AdmitReserveTokens(int prompt_len, int known_tokens,
                                   const SamplingParams& sampling) const {
-  const int full = FullReserveTokens(prompt_len, sampling);
+  const int full = FullReserveTokens(prompt_len, known_tokens, sampling);
   if (options_.role == SchedulerRole::kPrefill || options_.kv_headroom_tokens < 0) return full;
   const int64_t lazy = int64_t{known_tokens} + options_.kv_headroom_tokens;
   return static_cast<int>(std::min<int64_t>(full, std::max<int64_t>(lazy, known_tokens)));
@@ -75,11 +76,14 @@ void Scheduler::CommitComputed(Sequence& seq) {
   seq.committed_blocks = blocks;
 }
 
-absl::Status Scheduler::AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling) {
+absl::Status Scheduler::AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling,
+                                  std::span<const int32_t> generated) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (seqs_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " exists"));
   const int prompt_len = static_cast<int>(prompt.size());
-  const int full = FullReserveTokens(prompt_len, sampling);
+  prompt.insert(prompt.end(), generated.begin(), generated.end());
+  const int known = static_cast<int>(prompt.size());
+  const int full = FullReserveTokens(prompt_len, known, sampling);
   if (kv_.BlocksForTokens(full) > kv_.num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat(
         full, " tokens of KV (", kv_.BlocksForTokens(full), " blocks) exceed the whole cache of ",
@@ -90,7 +94,7 @@ absl::Status Scheduler::AddPrompt(SeqId id, std::vector<int32_t> prompt, Samplin
   seq.tokens = std::move(prompt);
   seq.prompt_len = prompt_len;
   seq.sampling = std::move(sampling);
-  seq.reserve_tokens = AdmitReserveTokens(prompt_len, prompt_len, seq.sampling);
+  seq.reserve_tokens = AdmitReserveTokens(prompt_len, known, seq.sampling);
   if (options_.enable_prefix_caching) {
     seq.cached_when_added = kv_.NumCachedBlocks(LookupHashes(seq)) * kv_.block_size();
   }
@@ -100,11 +104,14 @@ absl::Status Scheduler::AddPrompt(SeqId id, std::vector<int32_t> prompt, Samplin
 }
 
 absl::StatusOr<std::span<const int32_t>> Scheduler::AddRemote(SeqId id, std::vector<int32_t> prompt,
-                                                              SamplingParams sampling) {
+                                                              SamplingParams sampling,
+                                                              std::span<const int32_t> generated) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (seqs_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " exists"));
   const int prompt_len = static_cast<int>(prompt.size());
-  const int full = FullReserveTokens(prompt_len, sampling);
+  prompt.insert(prompt.end(), generated.begin(), generated.end());
+  const int known = static_cast<int>(prompt.size());
+  const int full = FullReserveTokens(prompt_len, known, sampling);
   if (kv_.BlocksForTokens(full) > kv_.num_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot hold the request: ", full, " tokens of KV (", kv_.BlocksForTokens(full),
@@ -115,7 +122,7 @@ absl::StatusOr<std::span<const int32_t>> Scheduler::AddRemote(SeqId id, std::vec
     return absl::ResourceExhaustedError(
         absl::StrCat("holds its maximum of ", options_.plan.max_num_seqs, " sequences"));
   }
-  const int reserve = AdmitReserveTokens(prompt_len, prompt_len, sampling);
+  const int reserve = AdmitReserveTokens(prompt_len, known, sampling);
   if (kv_.BlocksForTokens(reserve) > num_available_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV cache full: ", kv_.BlocksForTokens(reserve), " blocks needed for ",
@@ -143,10 +150,10 @@ absl::StatusOr<FinishReason> Scheduler::StartDecoding(SeqId id, int32_t first_to
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is not awaiting its KV"));
   }
   Sequence& seq = it->second;
+  seq.num_computed = static_cast<int>(seq.tokens.size());
   seq.tokens.push_back(first_token);
-  seq.num_computed = seq.prompt_len;
-  const FinishReason finish =
-      CheckFinish(config_, seq.sampling, first_token, 1, static_cast<int>(seq.tokens.size()));
+  const FinishReason finish = CheckFinish(config_, seq.sampling, first_token, seq.num_generated(),
+                                          static_cast<int>(seq.tokens.size()));
   if (finish != FinishReason::kNone) {
     FreeSequence(id);
   } else {

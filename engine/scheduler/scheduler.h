@@ -139,18 +139,24 @@ class Scheduler {
             int block_size);
 
   // kPrefill, kColocated: queues a prompt. INVALID_ARGUMENT when the whole
-  // request (kPrefill: its prompt) needs more blocks than the whole cache
-  // (it could never run), ALREADY_EXISTS for a known id.
-  absl::Status AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling);
-  // kDecode: admits a sequence whose prompt KV will be written from outside
-  // into the returned blocks (they cover the prompt, plus the headroom).
-  // RESOURCE_EXHAUSTED when the whole request could never fit the cache, or
-  // when blocks (those free beyond what preempted sequences wait for) or
-  // max_num_seqs run out.
+  // request (kPrefill: its known tokens) needs more blocks than the whole
+  // cache (it could never run), ALREADY_EXISTS for a known id.
+  // `generated`: tokens the request already generated elsewhere (a
+  // continuation after a worker failed): they are computed with the prompt,
+  // the step samples token number generated.size(), and they count toward
+  // max_tokens, min_tokens and the penalties, exactly as after a preemption.
+  absl::Status AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling,
+                         std::span<const int32_t> generated = {});
+  // kDecode: admits a sequence whose KV (prompt, then `generated` as for
+  // AddPrompt) will be written from outside into the returned blocks (they
+  // cover those tokens, plus the headroom). RESOURCE_EXHAUSTED when the
+  // whole request could never fit the cache, or when blocks (those free
+  // beyond what preempted sequences wait for) or max_num_seqs run out.
   absl::StatusOr<std::span<const int32_t>> AddRemote(SeqId id, std::vector<int32_t> prompt,
-                                                     SamplingParams sampling);
-  // kDecode: the prompt's KV and the first token arrived. Returns the first
-  // token's finish reason; when not kNone the sequence is freed.
+                                                     SamplingParams sampling,
+                                                     std::span<const int32_t> generated = {});
+  // kDecode: the KV of the known tokens and the next token arrived. Returns
+  // that token's finish reason; when not kNone the sequence is freed.
   absl::StatusOr<FinishReason> StartDecoding(SeqId id, int32_t first_token);
   // kPrefill: frees a held sequence once its KV has been read.
   void Release(SeqId id);
@@ -190,8 +196,8 @@ class Scheduler {
   void Preempt(SeqId id);
   PlanSeq RunningPlanSeq(const Sequence& seq) const;
   PlanSeq WaitingPlanSeq(Sequence& seq);
-  // Tokens the whole request needs in the cache (kPrefill: the prompt).
-  int FullReserveTokens(int prompt_len, const SamplingParams& sampling) const;
+  // Tokens the whole request needs in the cache (kPrefill: the known ones).
+  int FullReserveTokens(int prompt_len, int known_tokens, const SamplingParams& sampling) const;
   // Prefix caching: the hashes admission looks up (full blocks before the
   // last known token), and committing the hashes of computed full blocks.
   std::span<const uint64_t> LookupHashes(Sequence& seq);

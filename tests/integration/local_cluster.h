@@ -56,6 +56,9 @@ class LocalCluster {
   int router_metrics_port() const { return router_.metrics_port; }
   int router_http_port() const { return router_.http_port; }
   pid_t router_pid() const { return router_.proc.pid(); }
+  std::string RouterLog() const { return router_.proc.ReadLog(); }
+  // Faults: Process::proc.Kill() is kill -9; proc.Signal(SIGSTOP) and
+  // proc.Signal(SIGCONT) stop and resume one process by its pid.
   std::vector<std::unique_ptr<Process>>& prefill() { return prefill_; }
   std::vector<std::unique_ptr<Process>>& decode() { return decode_; }
   std::unique_ptr<v1::Generation::Stub> NewClient() const;

@@ -217,8 +217,7 @@ TEST_F(PrometheusTest, EveryDashboardQueryAndRecordingRuleReturnsData) {
       nlohmann::json::parse(ReadFile(source + "/deploy/grafana/dashboards/pdserve.json"));
   const auto queries = DashboardQueries(dashboard);
   ASSERT_GE(queries.size(), 60u);
-  const std::vector<std::string> pending_metrics = PendingMetrics(source);
-  ASSERT_FALSE(pending_metrics.empty());
+  const std::vector<std::string> pending_metrics = PendingMetrics(source);  // may be empty
 
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   StartLoad();
@@ -301,7 +300,7 @@ TEST_F(PrometheusTest, EveryDashboardQueryAndRecordingRuleReturnsData) {
     std::cout << "expected empty (metric not exported yet): \"" << title << "\": " << promql
               << "\n";
   }
-  EXPECT_GE(expected_empty.size(), 1u) << "the migrations query";
+  EXPECT_EQ(expected_empty.empty(), pending_metrics.empty()) << "a pending metric no query reads";
   for (const std::string& r : records) pending.emplace_back("recording rule", r);
   // What the first version got wrong: roofline ratios stuck at 0 without
   // peak flags, and rejections invisible to rate() until a second one came.

@@ -99,6 +99,8 @@ void Subprocess::Kill() {
   pid_ = -1;
 }
 
+bool Subprocess::Signal(int sig) const { return pid_ > 0 && kill(pid_, sig) == 0; }
+
 std::string Subprocess::ReadLog() const {
   std::ifstream in(log_path_);
   std::stringstream ss;

@@ -28,7 +28,9 @@ class Subprocess {
                                                                absl::Duration timeout);
   // SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit status (or -signal).
   int Stop(absl::Duration grace = absl::Seconds(10));
-  void Kill();  // SIGKILL now
+  void Kill();  // SIGKILL now (kill -9), and reaps the process
+  // Sends `sig` (SIGSTOP, SIGCONT, ...) to the process; false if it is not running.
+  bool Signal(int sig) const;
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
   std::string ReadLog() const;

@@ -21,6 +21,9 @@ TEST(RouterMetricsTest, EveryLabelValueStartsAtZero) {
     expect_zero("pdserve_worker_failures_total{pool=\"" + pool + "\"}");
     expect_zero("pdserve_retries_total{pool=\"" + pool + "\"}");
   }
+  for (const std::string& reason : kMigrationReasons) {
+    expect_zero("pdserve_migrations_total{reason=\"" + reason + "\"}");
+  }
   // Counting adds to the existing series instead of creating a second one.
   metrics.CountRetry("decode");
   const std::string after = prometheus::TextSerializer().Serialize(registry.Collect());

@@ -20,6 +20,65 @@ WorkerDesc Desc(const std::string& id, Role role, uint64_t fingerprint = 42) {
                     .kv_block_size = 16};
 }
 
+// The router's pool watcher: registry activity every 250 ms in [from, to).
+void Tick(WorkerRegistry& registry, absl::Time from, absl::Time to) {
+  for (absl::Time t = from; t < to; t += absl::Milliseconds(250)) {
+    registry.CountLive(Role::kDecode, t);
+  }
+}
+
+// A router stopped for longer than the ttl (SIGSTOP, a starved process)
+// heard no heartbeats meanwhile: on resume every worker gets one ttl to be
+// heard instead of the whole pool expiring at once. Workers that stay
+// silent after that expire as usual.
+TEST(WorkerRegistryTest, ARouterPausedLongerThanTheTtlDoesNotExpireItsPool) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d2", Role::kDecode), {}, kT0).ok());
+  Tick(registry, kT0, kT0 + absl::Seconds(1));
+  // Paused from kT0 + 1 s to kT0 + 11 s: nothing ran.
+  const absl::Time resume = kT0 + absl::Seconds(11);
+  EXPECT_EQ(registry.Live(Role::kDecode, resume).size(), 2u);
+  EXPECT_EQ(registry.Live(Role::kPrefill, resume).size(), 1u);
+  // d1 and p1 are heard within the grace; d2 is not.
+  Tick(registry, resume, resume + absl::Seconds(1));
+  EXPECT_TRUE(registry.Heartbeat("d1", {}, resume + absl::Seconds(1)));
+  EXPECT_TRUE(registry.Heartbeat("p1", {}, resume + absl::Seconds(1)));
+  Tick(registry, resume + absl::Seconds(1), resume + absl::Milliseconds(3500));
+  auto live = registry.Live(Role::kDecode, resume + absl::Milliseconds(3500));
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].desc.id, "d1");
+  EXPECT_EQ(registry.CountLive(Role::kPrefill, resume + absl::Milliseconds(3500)), 1);
+}
+
+// Without a pause, a silent worker expires one ttl after it was last heard,
+// however many other calls happen meanwhile.
+TEST(WorkerRegistryTest, ASilentWorkerExpiresWhileTheRouterRuns) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  Tick(registry, kT0, kT0 + absl::Seconds(3));
+  EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Seconds(3)), 1);
+  Tick(registry, kT0 + absl::Seconds(3), kT0 + absl::Milliseconds(3250));
+  EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Milliseconds(3250)), 0);
+}
+
+// A worker whose call failed as if it were gone is not offered until it is
+// heard from again; a live one is back after its next heartbeat.
+TEST(WorkerRegistryTest, AReportedFailureHidesTheWorkerUntilItIsHeardFrom) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d2", Role::kDecode), {}, kT0).ok());
+  registry.ReportFailure("d1");
+  registry.ReportFailure("unknown");  // no effect
+  auto live = registry.Live(Role::kDecode, kT0);
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].desc.id, "d2");
+  EXPECT_EQ(registry.CountLive(Role::kDecode, kT0), 2);  // still registered
+  EXPECT_TRUE(registry.Heartbeat("d1", {}, kT0 + absl::Milliseconds(200)));
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0 + absl::Milliseconds(200)).size(), 2u);
+}
+
 TEST(WorkerRegistryTest, RegisterHeartbeatAndExpire) {
   WorkerRegistry registry(absl::Seconds(3));
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
@@ -121,6 +180,7 @@ TEST(WorkerRegistryTest, WorkOfAnEarlierIncarnationDoesNotCountAgainstTheNewOne)
   std::vector<OutstandingWork> old_work;
   for (int i = 0; i < 5; ++i) old_work.push_back(registry.StartWork("p1", 100));
   const absl::Time later = kT0 + absl::Seconds(10);
+  Tick(registry, kT0, later);  // the router runs, p1 is silent
   EXPECT_TRUE(registry.Live(Role::kPrefill, later).empty());  // expired
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, later).ok());
   OutstandingWork fresh = registry.StartWork("p1", 7);

@@ -188,6 +188,55 @@ TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
   EXPECT_EQ(decode_metrics_.inter_token_latency.Collect().histogram.sample_count, 19u);
 }
 
+// A continuation (the router moving a request after its decode worker
+// failed): prompt + the tokens already generated are prefilled and decoded
+// elsewhere; the rest of the stream equals the uninterrupted run's, with
+// penalties and max_tokens counting the tokens generated before.
+TEST_F(DisaggregatedEnginesTest, AContinuationGeneratesTheRestOfTheUninterruptedRun) {
+  auto decode = MakeDecode();
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt = {256, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51};
+  engine::SamplingParams params{.temperature = 0.9f,
+                                .seed = 23,
+                                .max_tokens = 24,
+                                .ignore_eos = true,
+                                .presence_penalty = 0.5f,
+                                .frequency_penalty = 0.3f};
+  auto expected = engine::GenerateLocally(*Runner(model_, 16), prompt, params);
+  ASSERT_TRUE(expected.ok());
+  ASSERT_EQ(expected->tokens.size(), 24u);
+  for (int cut : {1, 9, 23}) {
+    SCOPED_TRACE(cut);
+    const std::vector<int32_t> generated(expected->tokens.begin(), expected->tokens.begin() + cut);
+    auto stream = decode->Admit(
+        {.request_id = "r", .prompt = prompt, .generated = generated, .sampling = params});
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    auto ticket = prefill->Submit(
+        {.request_id = "r",
+         .prompt = prompt,
+         .generated = generated,
+         .sampling = params,
+         .kv_session = Session(*prefill, prompt.size() + generated.size(), **stream)});
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    auto outcome = Await(**ticket);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    Drained d = Drain(**stream);
+    ASSERT_TRUE(d.error.ok()) << d.error;
+    ASSERT_TRUE(d.finished);
+    std::vector<int32_t> all = generated;
+    all.push_back(outcome->first_token.token);
+    all.insert(all.end(), d.tokens.begin(), d.tokens.end());
+    EXPECT_EQ(all, expected->tokens);
+    EXPECT_TRUE(DecodeEmpty(*decode));
+  }
+  EXPECT_TRUE(PrefillEmpty());
+  // Nothing is left to generate: refused on both sides.
+  EXPECT_EQ(decode->Admit({.prompt = prompt, .generated = expected->tokens, .sampling = params})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides) {
   auto decode = MakeDecode();
   auto other_runner = Runner(WriteModel(4), 64);  // other weights: other fingerprint

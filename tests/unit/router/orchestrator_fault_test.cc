@@ -1,0 +1,252 @@
+// DisaggregatedOrchestrator's fault handling against scripted in-process
+// workers (gRPC on loopback, no model): a prefill that fails is retried with
+// a new decode reservation, a decode stream cut mid-way migrates with the
+// relayed tokens as the continuation's generated tokens (no gap, no
+// repeat), a silent stream migrates after the stall timeout, and the
+// attempts are bounded. The scripted "model" generates token 10 + i at
+// generated position i, so any gap or repeat shows in the stream.
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "router/disaggregated_orchestrator.h"
+
+namespace pdserve::router {
+namespace {
+
+int32_t TokenAt(int position) { return 10 + position; }
+
+// Answers each Prefill with the token after the job's generated ones, or
+// with UNAVAILABLE while the failures shared by every fake prefill last.
+class FakePrefill final : public internal::v1::PrefillWorker::Service {
+ public:
+  explicit FakePrefill(std::atomic<int>* failures) : failures_(failures) {}
+  grpc::Status Prefill(grpc::ServerContext*, const internal::v1::PrefillJob* job,
+                       internal::v1::PrefillResult* result) override {
+    absl::MutexLock lock(&mu);
+    jobs.push_back(*job);
+    if (failures_->fetch_sub(1) > 0) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted prefill failure");
+    }
+    result->set_first_token_id(TokenAt(job->generated_token_ids_size()));
+    return grpc::Status::OK;
+  }
+  absl::Mutex mu;
+  std::vector<internal::v1::PrefillJob> jobs ABSL_GUARDED_BY(mu);
+
+ private:
+  std::atomic<int>* const failures_;
+};
+
+enum class Fault { kNone, kCut, kSilent };
+
+// Reserves, then streams the tokens after the prefill's (one per message)
+// and finishes. While the faults shared by every fake decode last, a call
+// is cut (UNAVAILABLE) or goes silent after `kCutAfter` tokens.
+class FakeDecode final : public internal::v1::DecodeWorker::Service {
+ public:
+  static constexpr int kCutAfter = 3;
+  FakeDecode(Fault* kind, std::atomic<int>* faults) : kind_(kind), faults_(faults) {}
+  grpc::Status Decode(grpc::ServerContext* context, const internal::v1::DecodeJob* job,
+                      grpc::ServerWriter<internal::v1::DecodeEvent>* writer) override {
+    {
+      absl::MutexLock lock(&mu);
+      jobs.push_back(*job);
+    }
+    const Fault fault = faults_->fetch_sub(1) > 0 ? *kind_ : Fault::kNone;
+    internal::v1::DecodeEvent reserved;
+    reserved.mutable_reserved()->mutable_kv_target()->set_endpoint("tcp://127.0.0.1:1");
+    writer->Write(reserved);
+    const int max_tokens = job->sampling().max_tokens();
+    int sent = 0;
+    for (int i = job->generated_token_ids_size() + 1; i < max_tokens; ++i) {
+      if (fault != Fault::kNone && sent == kCutAfter) {
+        if (fault == Fault::kCut) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted worker death");
+        }
+        while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+      internal::v1::DecodeEvent tokens;
+      tokens.mutable_tokens()->add_token_ids(TokenAt(i));
+      if (!writer->Write(tokens)) return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
+      ++sent;
+    }
+    internal::v1::DecodeEvent finished;
+    finished.mutable_finished()->set_finish_reason(1);  // length
+    writer->Write(finished);
+    return grpc::Status::OK;
+  }
+  absl::Mutex mu;
+  std::vector<internal::v1::DecodeJob> jobs ABSL_GUARDED_BY(mu);
+
+ private:
+  const Fault* const kind_;
+  std::atomic<int>* const faults_;
+};
+
+class OrchestratorFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 2; ++i) {
+      prefills_.push_back(std::make_unique<FakePrefill>(&prefill_failures_));
+      decodes_.push_back(std::make_unique<FakeDecode>(&decode_fault_, &decode_faults_));
+    }
+    for (int i = 0; i < 2; ++i) {
+      Serve(prefills_[i].get(), Role::kPrefill, "prefill" + std::to_string(i));
+      Serve(decodes_[i].get(), Role::kDecode, "decode" + std::to_string(i));
+    }
+  }
+  void TearDown() override {
+    for (auto& s : servers_) s.server->Shutdown();
+  }
+
+  void Serve(grpc::Service* service, Role role, const std::string& id) {
+    auto server = StartGrpcServer("127.0.0.1", 0, {service});
+    ASSERT_TRUE(server.ok()) << server.status();
+    WorkerDesc desc{.id = id,
+                    .role = role,
+                    .address = JoinHostPort("127.0.0.1", server->port),
+                    .kv_endpoint = role == Role::kDecode ? "tcp://127.0.0.1:1" : "",
+                    .kv_block_size = 16};
+    ASSERT_TRUE(registry_.Register(desc, {}, absl::Now()).ok());
+    servers_.push_back(std::move(*server));
+  }
+
+  struct Run {
+    absl::Status status;
+    std::vector<int32_t> tokens;
+    bool finished = false;
+  };
+  // Starts a job and reads it to its end (bounded).
+  Run Generate(DisaggregatedOrchestrator& orchestrator, int max_tokens) {
+    frontend::GenerationJob job{.request_id = "r", .prompt = {1, 2, 3}};
+    job.sampling.max_tokens = max_tokens;
+    job.deadline = absl::Now() + absl::Seconds(20);
+    Run run;
+    auto generation = orchestrator.Start(job);
+    if (!generation.ok()) {
+      run.status = generation.status();
+      return run;
+    }
+    while (!run.finished && absl::Now() < job.deadline) {
+      std::vector<frontend::GenerationEvent> events;
+      run.status = (*generation)->Next(absl::Milliseconds(50), &events);
+      if (!run.status.ok()) break;
+      for (const auto& e : events) {
+        run.tokens.insert(run.tokens.end(), e.tokens.begin(), e.tokens.end());
+        run.finished |= e.finished;
+      }
+    }
+    return run;
+  }
+  static std::vector<int32_t> Expected(int n) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) out.push_back(TokenAt(i));
+    return out;
+  }
+  double Series(const std::string& series) {
+    const std::string text = prometheus::TextSerializer().Serialize(metrics_registry_.Collect());
+    const size_t at = text.find(series + " ");
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 1));
+  }
+  int PrefillCalls() {
+    int n = 0;
+    for (auto& p : prefills_) {
+      absl::MutexLock lock(&p->mu);
+      n += static_cast<int>(p->jobs.size());
+    }
+    return n;
+  }
+  int DecodeCalls() {
+    int n = 0;
+    for (auto& d : decodes_) {
+      absl::MutexLock lock(&d->mu);
+      n += static_cast<int>(d->jobs.size());
+    }
+    return n;
+  }
+
+  std::atomic<int> prefill_failures_{0};  // the next this many Prefill calls fail
+  Fault decode_fault_ = Fault::kNone;
+  std::atomic<int> decode_faults_{0};  // the next this many Decode calls get decode_fault_
+  WorkerRegistry registry_{absl::Seconds(30)};
+  LeastLoadedPolicy policy_;
+  prometheus::Registry metrics_registry_;
+  RouterMetrics metrics_{metrics_registry_};
+  std::vector<std::unique_ptr<FakePrefill>> prefills_;
+  std::vector<std::unique_ptr<FakeDecode>> decodes_;
+  std::vector<GrpcServerHandle> servers_;
+};
+
+TEST_F(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
+  prefill_failures_ = 1;
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.finished);
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_EQ(PrefillCalls(), 2);
+  EXPECT_EQ(DecodeCalls(), 2);  // the reservation was made again
+  EXPECT_EQ(Series("pdserve_retries_total{pool=\"prefill\"}"), 1);
+  EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 0);
+}
+
+TEST_F(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
+  decode_fault_ = Fault::kCut;
+  decode_faults_ = 1;
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.finished);
+  EXPECT_EQ(run.tokens, Expected(12));  // no gap, no repeat
+  EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 1);
+  // The continuation carried exactly what the client had: the first token
+  // and the three streamed before the cut.
+  std::vector<internal::v1::PrefillJob> jobs;
+  for (auto& p : prefills_) {
+    absl::MutexLock lock(&p->mu);
+    jobs.insert(jobs.end(), p->jobs.begin(), p->jobs.end());
+  }
+  ASSERT_EQ(jobs.size(), 2u);
+  const auto& continuation = jobs[0].generated_token_ids_size() > 0 ? jobs[0] : jobs[1];
+  EXPECT_EQ(std::vector<int32_t>(continuation.generated_token_ids().begin(),
+                                 continuation.generated_token_ids().end()),
+            Expected(4));
+}
+
+TEST_F(OrchestratorFaultTest, ASilentDecodeStreamMigratesAfterTheStallTimeout) {
+  decode_fault_ = Fault::kSilent;
+  decode_faults_ = 1;
+  DisaggregatedOrchestrator orchestrator(
+      &registry_, &policy_, &metrics_,
+      {.max_attempts = 3, .stall_timeout = absl::Milliseconds(300)});
+  const absl::Time start = absl::Now();
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_EQ(Series("pdserve_migrations_total{reason=\"stalled\"}"), 1);
+}
+
+TEST_F(OrchestratorFaultTest, AttemptsAreBounded) {
+  prefill_failures_ = 100;
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 2});
+  const Run run = Generate(orchestrator, 12);
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kUnavailable) << run.status;
+  EXPECT_NE(run.status.message().find("attempt 2 of 2"), absl::string_view::npos) << run.status;
+  EXPECT_TRUE(run.tokens.empty());
+  EXPECT_EQ(PrefillCalls(), 2);
+  EXPECT_EQ(Series("pdserve_retries_total{pool=\"prefill\"}"), 1);
+  // Both prefill workers failed as if gone: not offered until heard from.
+  EXPECT_TRUE(registry_.Live(Role::kPrefill, absl::Now()).empty());
+}
+
+}  // namespace
+}  // namespace pdserve::router

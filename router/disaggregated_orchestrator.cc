@@ -48,6 +48,10 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
   grpc::Status status;
   bool reserved = false;
   bool finished = false;
+  // Events that came before the call became the attempt's current one (a
+  // decode worker may stream before the router has dispatched the prefill);
+  // replayed in order when it does.
+  std::vector<DecodeEvent> early;
   internal::v1::KvTarget kv_target;
   OutstandingWork work;  // released when the call ends
 
@@ -176,6 +180,11 @@ class DisaggregatedGeneration final : public frontend::Generation {
 
   // DecodeCall's reactions.
   void OnDecodeEvent(DecodeCall* call, DecodeEvent event);
+  void HandleDecodeEventLocked(DecodeCall* call, DecodeEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current decode call ended (call->done): the request's end, or a
+  // failed attempt.
+  void DecodeEndedLocked(DecodeCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDecodeDone(DecodeCall* call, const grpc::Status& status);
 
  private:
@@ -246,6 +255,9 @@ class DisaggregatedGeneration final : public frontend::Generation {
   PrefillCall* current_prefill_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool attempt_first_out_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GenerationEvent> held_ ABSL_GUARDED_BY(mu_);
+  // The reservation StartAttempt accepted and has not yet made current: its
+  // events are kept in DecodeCall::early.
+  DecodeCall* pending_decode_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<AttemptFailure> attempt_failure_ ABSL_GUARDED_BY(mu_);
   // When the current attempt was dispatched or last relayed a token.
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
@@ -275,7 +287,16 @@ void DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event)
     call->kv_target = event.reserved().kv_target();
     return;
   }
-  if (call != current_decode_) return;  // a failed attempt's
+  if (call != current_decode_) {
+    // Not yet current (kept for StartAttempt), or a failed attempt's.
+    if (call != pending_decode_) return;
+    call->early.push_back(std::move(event));
+    return;
+  }
+  HandleDecodeEventLocked(call, std::move(event));
+}
+
+void DisaggregatedGeneration::HandleDecodeEventLocked(DecodeCall* call, DecodeEvent event) {
   switch (event.event_case()) {
     case DecodeEvent::kTokens: {
       GenerationEvent out;
@@ -309,7 +330,13 @@ void DisaggregatedGeneration::OnDecodeDone(DecodeCall* call, const grpc::Status&
   call->status = status;
   call->work.Release();
   // A refusal (StartAttempt reads it), the end, or a failed attempt's call.
-  if (call != current_decode_ || call->finished || cancelled_) return;
+  if (call != current_decode_) return;
+  DecodeEndedLocked(call);
+}
+
+void DisaggregatedGeneration::DecodeEndedLocked(DecodeCall* call) {
+  const grpc::Status status = call->status;
+  if (call->finished || cancelled_) return;
   orchestrator_->metrics().CountWorkerFailure("decode");
   const std::string& id = call->worker().id;
   PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": decode on " << id << " failed after "
@@ -490,6 +517,7 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
       cancelled = cancelled_;
       if (call->reserved && !cancelled) {
         accepted = call;
+        pending_decode_ = call;
         break;
       }
       refusal = in_time ? call->status
@@ -535,6 +563,10 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
   std::optional<size_t> prefill_pick =
       orchestrator_->policy()->PickPrefill(prefill_pool, prefill_query);
   if (!prefill_pick) {
+    {
+      absl::MutexLock lock(&mu_);
+      pending_decode_ = nullptr;
+    }
     accepted->Cancel();
     return frontend::WithRejectReason(absl::UnavailableError("no live prefill worker"),
                                       "no_prefill_worker");
@@ -553,6 +585,7 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
   {
     absl::MutexLock lock(&mu_);
     cancelled = cancelled_;
+    if (cancelled) pending_decode_ = nullptr;
   }
   if (cancelled) {
     accepted->Cancel();  // Cancel() may have run before the reservation was made
@@ -565,9 +598,14 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
     call->dispatch = absl::Now();
     call->work = registry.StartPrefill(prefill_pool[*prefill_pick], prefill_query, call->dispatch);
     current_decode_ = accepted;
+    pending_decode_ = nullptr;
     current_prefill_ = call;
     last_progress_ = call->dispatch;
     prefill_calls_.push_back(std::move(owned));
+    for (DecodeEvent& event : std::exchange(accepted->early, {})) {
+      HandleDecodeEventLocked(accepted, std::move(event));
+    }
+    if (accepted->done) DecodeEndedLocked(accepted);
   }
   // A Cancel from here on reaches the call (a context cancelled before its
   // call starts cancels the call as it starts).

@@ -185,6 +185,27 @@ class OrchestratorFaultTest : public ::testing::Test {
   std::vector<GrpcServerHandle> servers_;
 };
 
+// Picks prefill workers slowly, so that a decode worker that streams as
+// soon as it has reserved (the fakes do not wait for KV) sends tokens before
+// the router has made its reservation the attempt's current one.
+class SlowPrefillPickPolicy final : public LeastLoadedPolicy {
+ public:
+  std::optional<size_t> PickPrefill(std::span<const WorkerView> workers,
+                                    const PrefillQuery& query) const override {
+    absl::SleepFor(absl::Milliseconds(100));
+    return LeastLoadedPolicy::PickPrefill(workers, query);
+  }
+};
+
+TEST_F(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
+  SlowPrefillPickPolicy slow;
+  DisaggregatedOrchestrator orchestrator(&registry_, &slow, &metrics_, {.max_attempts = 1});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.finished);
+  EXPECT_EQ(run.tokens, Expected(12));
+}
+
 TEST_F(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
   prefill_failures_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});

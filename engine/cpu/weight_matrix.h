@@ -2,9 +2,10 @@
 // torch.nn.Linear stores it) in fp32, bf16 or int8 with one fp32 scale per
 // group of 32 values of a row (kernels_gemv.h), and the matmul that reads it.
 //
-// Storage is one allocation, 2 MiB aligned and advised for transparent huge
-// pages when large: batch-1 decode streams every weight once per step, and
-// fewer page boundaries keep the hardware prefetchers running.
+// Storage is one allocation; a large one is a fresh 2 MiB-aligned mapping
+// advised for transparent huge pages before its first touch: batch-1 decode
+// streams every weight once per step, and over 4 KiB pages that stream runs
+// at about half the rate (TLB misses, prefetchers stopping at page edges).
 //
 // Thread safety: const methods may run concurrently; MatMul forks its own
 // OpenMP threads, so call it from one thread at a time per process (the
@@ -60,7 +61,11 @@ class WeightMatrix {
   void MatMul(const float* x, float* y, int m, int num_threads) const;
 
  private:
+  // Frees storage from Allocate: munmap of `mapped_bytes` when non-zero,
+  // else std::free. (No member initialiser: a nested class's is not usable
+  // before the enclosing class is complete; unique_ptr value-initialises it.)
   struct Free {
+    size_t mapped_bytes;
     void operator()(std::byte* p) const;
   };
   // Uninitialised storage for rows x cols values of `storage` (and the

@@ -109,9 +109,11 @@ WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, 
       break;
     }
     case WeightDtype::kInt8:
+    case WeightDtype::kW8A8:
       w.Allocate(Storage::kInt8, rows, cols);
       QuantizeInt8(values.data(), rows, cols, reinterpret_cast<int8_t*>(w.data_.get()),
                    reinterpret_cast<float*>(w.data_.get() + w.scales_offset_));
+      w.quantize_activations_ = dtype == WeightDtype::kW8A8;
       break;
   }
   return w;
@@ -205,6 +207,27 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) cons
   const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
   const Isa isa = BestIsa();
   const int64_t groups = Int8Groups(k);
+  // w8a8: the activations rounded once, here, before the threads split the
+  // rows; the threads read the caller's buffers.
+  thread_local Int8Activations quantized_x;
+  thread_local std::vector<float> rounded_x;
+  if (quantize_activations_) {
+    if (m == 1) {
+      QuantizeActivations(x, k, quantized_x);
+    } else {
+      // Each row rounded as the GEMV rounds it, then the fp32 sgemm path:
+      // the same products up to fp32 summation order.
+      std::vector<int8_t>& q = quantized_x.q;
+      std::vector<float>& s = quantized_x.scales;
+      q.resize(static_cast<size_t>(m) * k);
+      s.resize(static_cast<size_t>(m * groups));
+      rounded_x.resize(static_cast<size_t>(m) * k);
+      QuantizeInt8(x, m, k, q.data(), s.data());
+      DequantizeInt8(q.data(), s.data(), m, k, rounded_x.data());
+      x = rounded_x.data();
+    }
+  }
+  const Int8Activations& xq = quantized_x;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int n0 = 0; n0 < n; n0 += block) {
     const int nb = std::min(block, n - n0);
@@ -221,7 +244,11 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) cons
         GemvBf16(bf16() + at, x, y + n0, nb, k, isa);
         break;
       case Storage::kInt8:
-        GemvInt8(int8() + at, scales() + n0 * groups, x, y + n0, nb, k, isa);
+        if (quantize_activations_) {
+          GemvInt8Act(int8() + at, scales() + n0 * groups, xq, y + n0, nb, k, isa);
+        } else {
+          GemvInt8(int8() + at, scales() + n0 * groups, x, y + n0, nb, k, isa);
+        }
         break;
     }
   }

@@ -34,7 +34,8 @@ class WeightMatrix {
 
   // From rows * cols fp32 values. WeightDtype::kAuto stores bf16 when every
   // value is exactly a bf16 number, else fp32; kBf16 rounds to nearest even;
-  // kInt8 quantizes (QuantizeInt8).
+  // kInt8 quantizes (QuantizeInt8); kW8A8 quantizes and marks the matrix to
+  // quantize its activations too (quantize_activations()).
   static WeightMatrix FromF32(std::span<const float> values, int64_t rows, int64_t cols,
                               WeightDtype dtype);
   // From a checkpoint tensor's raw little-endian bytes (F32, F16 or BF16;
@@ -48,6 +49,9 @@ class WeightMatrix {
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   bool empty() const { return rows_ == 0; }
+  // kW8A8: MatMul rounds each row of x as QuantizeInt8 would (groups of 32,
+  // scale max |x| / 127) and multiplies those values; int8 storage only.
+  bool quantize_activations() const { return quantize_activations_; }
   // Bytes one pass over the matrix reads: values plus int8 scales.
   int64_t bytes() const;
 
@@ -57,7 +61,9 @@ class WeightMatrix {
   // y[m, rows] = x[m, cols] * W^T, accumulated in fp32, over at most
   // `num_threads` OpenMP threads, each taking a block of rows. m == 1: the
   // streaming GEMV of kernels_gemv.h; m > 1: OpenBLAS sgemm, with bf16 and
-  // int8 rows expanded to fp32 a cache-sized block at a time.
+  // int8 rows expanded to fp32 a cache-sized block at a time. With
+  // quantize_activations(), x's rows are rounded first: at m == 1 to int8
+  // for GemvInt8Act, at m > 1 to the same values in fp32.
   void MatMul(const float* x, float* y, int m, int num_threads) const;
 
  private:
@@ -85,6 +91,7 @@ class WeightMatrix {
   int64_t rows_ = 0;
   int64_t cols_ = 0;
   int64_t scales_offset_ = 0;  // bytes from data_ to the int8 scales
+  bool quantize_activations_ = false;
   std::unique_ptr<std::byte, Free> data_;
 };
 

@@ -199,14 +199,27 @@ void WeightMatrix::BlockGemm(const float* x, float* y, int m, int64_t first, int
   }
 }
 
-void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) const {
+void WeightMatrix::GemvRows(const float* x, const Int8Activations& xq, float* y, int first,
+                            int count) const {
+  const int k = static_cast<int>(cols_);
+  const int64_t at = int64_t{first} * k;
+  const Isa isa = BestIsa();
+  switch (storage_) {
+    case Storage::kF32:
+      return GemvF32(f32() + at, x, y + first, count, k, isa);
+    case Storage::kBf16:
+      return GemvBf16(bf16() + at, x, y + first, count, k, isa);
+    case Storage::kInt8: {
+      const float* s = scales() + first * Int8Groups(k);
+      if (quantize_activations_) return GemvInt8Act(int8() + at, s, xq, y + first, count, k, isa);
+      return GemvInt8(int8() + at, s, x, y + first, count, k, isa);
+    }
+  }
+}
+
+void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
-  // Blocks of rows, a multiple of 16, one per thread.
-  const int threads = MatMulThreads(m, n, k, num_threads);
-  const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
-  const Isa isa = BestIsa();
-  const int64_t groups = Int8Groups(k);
   // w8a8: the activations rounded once, here, before the threads split the
   // rows; the threads read the caller's buffers.
   thread_local Int8Activations quantized_x;
@@ -217,6 +230,7 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) cons
     } else {
       // Each row rounded as the GEMV rounds it, then the fp32 sgemm path:
       // the same products up to fp32 summation order.
+      const int64_t groups = Int8Groups(k);
       std::vector<int8_t>& q = quantized_x.q;
       std::vector<float>& s = quantized_x.scales;
       q.resize(static_cast<size_t>(m) * k);
@@ -228,28 +242,28 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) cons
     }
   }
   const Int8Activations& xq = quantized_x;
+  if (m == 1 && pool != nullptr && pool->num_threads() > 1) {
+    // Chunks of whole 16-row groups, about 128 KiB of weights each: long
+    // enough streams, few enough claims.
+    const int64_t row_bytes = std::max<int64_t>(1, bytes() / rows_);
+    const int chunk =
+        static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
+    pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
+      const int first = static_cast<int>(c) * chunk;
+      GemvRows(x, xq, y, first, std::min(chunk, n - first));
+    });
+    return;
+  }
+  // Blocks of rows, a multiple of 16, one per thread.
+  const int threads = MatMulThreads(m, n, k, num_threads);
+  const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int n0 = 0; n0 < n; n0 += block) {
     const int nb = std::min(block, n - n0);
     if (m > 1) {
       BlockGemm(x, y, m, n0, nb);
-      continue;
-    }
-    const int64_t at = int64_t{n0} * k;
-    switch (storage_) {
-      case Storage::kF32:
-        GemvF32(f32() + at, x, y + n0, nb, k, isa);
-        break;
-      case Storage::kBf16:
-        GemvBf16(bf16() + at, x, y + n0, nb, k, isa);
-        break;
-      case Storage::kInt8:
-        if (quantize_activations_) {
-          GemvInt8Act(int8() + at, scales() + n0 * groups, xq, y + n0, nb, k, isa);
-        } else {
-          GemvInt8(int8() + at, scales() + n0 * groups, x, y + n0, nb, k, isa);
-        }
-        break;
+    } else {
+      GemvRows(x, xq, y, n0, nb);
     }
   }
 }

@@ -18,6 +18,8 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
 #include "engine/runtime/weight_dtype.h"
 
@@ -58,13 +60,15 @@ class WeightMatrix {
   // out[r - first, :] = row r as fp32, for rows [first, first + count).
   void RowsToFloat(int64_t first, int64_t count, float* out) const;
 
-  // y[m, rows] = x[m, cols] * W^T, accumulated in fp32, over at most
-  // `num_threads` OpenMP threads, each taking a block of rows. m == 1: the
-  // streaming GEMV of kernels_gemv.h; m > 1: OpenBLAS sgemm, with bf16 and
-  // int8 rows expanded to fp32 a cache-sized block at a time. With
+  // y[m, rows] = x[m, cols] * W^T, accumulated in fp32. m == 1: the
+  // streaming GEMV of kernels_gemv.h, on the threads of `pool` when given
+  // (rows in chunks of about 128 KiB, claimed as threads come free), else
+  // over at most `num_threads` OpenMP threads, each taking a block of rows;
+  // m > 1: OpenBLAS sgemm on at most `num_threads` OpenMP threads, with bf16
+  // and int8 rows expanded to fp32 a cache-sized block at a time. With
   // quantize_activations(), x's rows are rounded first: at m == 1 to int8
   // for GemvInt8Act, at m > 1 to the same values in fp32.
-  void MatMul(const float* x, float* y, int m, int num_threads) const;
+  void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:
   // Frees storage from Allocate: munmap of `mapped_bytes` when non-zero,
@@ -86,6 +90,8 @@ class WeightMatrix {
   }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
+  // y[r] for rows [first, first + count), m == 1 (xq: x quantized, w8a8 only).
+  void GemvRows(const float* x, const Int8Activations& xq, float* y, int first, int count) const;
 
   Storage storage_ = Storage::kF32;
   int64_t rows_ = 0;

@@ -13,7 +13,9 @@ engine::SchedulerOptions SchedulerOptionsFor(const ColocatedOptions& o) {
           .plan = {.max_num_seqs = o.max_running,
                    .max_batch_tokens = o.max_prefill_tokens,
                    .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens,
-                   .separate_prefill_steps = o.max_prefill_chunk_tokens == 0}};
+                   .separate_prefill_steps = o.max_prefill_chunk_tokens == 0},
+          .enable_prefix_caching = o.enable_prefix_caching,
+          .kv_headroom_tokens = o.kv_headroom_tokens};
 }
 
 }  // namespace
@@ -109,16 +111,28 @@ void ColocatedEngine::Loop() {
       step = scheduler_.Schedule();
       const absl::Time now = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(now - plan_start));
-      if (step.empty()) continue;
+      metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
+      metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
+      metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
+      for (const auto& [id, why] : step.failed) {
+        auto it = entries_.find(id);
+        if (it == entries_.end()) continue;
+        it->second.stream->Push({.error = why});
+        entries_.erase(it);
+      }
+      if (!step.preempted.empty()) wake_ = true;  // readmission may be possible at once
+      if (step.empty()) {
+        UpdateGaugesLocked();
+        continue;
+      }
       wake_ = true;  // plan again right after this step
       for (size_t i = 0; i < step.ids.size(); ++i) {
-        if (step.admitted[i]) {
-          Entry& entry = entries_.at(step.ids[i]);
+        Entry& entry = entries_.at(step.ids[i]);
+        if (step.admitted[i] && !entry.first_sent) {
           entry.queue_seconds = absl::ToDoubleSeconds(now - entry.submitted);
         }
-        const engine::Scheduler::Sequence* seq = scheduler_.Find(step.ids[i]);
-        if (seq->num_computed < seq->prompt_len) prompt_work = true;
       }
+      prompt_work = step.prompt_work;
       UpdateGaugesLocked();
     }
 

@@ -8,9 +8,11 @@
 // max_prefill_chunk_tokens > 0, prompts run in chunks that share steps with
 // the running decodes instead.
 //
-// Admission reserves KV blocks for prompt + max_tokens - 1 tokens at once, so
-// a running sequence never needs more; a prompt that does not fit waits for
-// blocks to be freed by finishing sequences.
+// Admission reserves KV blocks for the prompt plus a headroom; sequences take
+// blocks as they grow, and when blocks run out the newest are preempted and
+// later recomputed (engine/scheduler/scheduler.h). A prompt that does not
+// fit waits for blocks. With prefix caching, a prompt starts after its
+// longest cached prefix.
 //
 // Threads: one engine thread plans, runs and applies steps; gRPC handler
 // threads Submit, read their stream and Cancel. `mu_` guards the scheduler
@@ -70,10 +72,14 @@ struct ColocatedOptions {
   // 0: whole prompts in steps of their own (vLLM v0); else prompts run in
   // chunks of at most this many tokens, mixed into decode steps.
   int max_prefill_chunk_tokens = 0;
+  bool enable_prefix_caching = true;
+  // Tokens reserved beyond the prompt at admission; negative: whole
+  // requests (prompt + max_tokens - 1) up front.
+  int kv_headroom_tokens = 32;
 };
 
 struct ColocatedLoad {
-  int waiting = 0;
+  int waiting = 0;  // new prompts and preempted sequences
   int running = 0;
   int free_blocks = 0;
   int total_blocks = 0;

@@ -1,9 +1,10 @@
 // pdserve_colocated: one process that prefills and decodes on one model
 // runner (no router, no KV transfer), serving the same pdserve.v1.Generation
-// API as the router of a disaggregated cluster. The baseline of the serving
-// benchmark (docs/performance.md): same model, same API, same load generator.
+// and OpenAI-compatible HTTP APIs as the router of a disaggregated cluster,
+// through the same front end. The baseline of the serving benchmark
+// (docs/performance.md): same model, same API, same load generator.
 //
-//   pdserve_colocated --model_dir=DIR [--port=0] [--metrics_port=0] [--threads=0]
+//   pdserve_colocated --model_dir=DIR [--port=0] [--http_port=0] [--metrics_port=0] [--threads=0]
 //
 // Flags are read here only and turned into options once.
 #include <unistd.h>
@@ -20,16 +21,27 @@
 #include "common/process_metrics.h"
 #include "decode_worker/colocated_engine.h"
 #include "decode_worker/colocated_metrics.h"
-#include "decode_worker/colocated_service.h"
+#include "decode_worker/colocated_orchestrator.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/weight_dtype.h"
-#include "router/prompt_source.h"
-#include "router/router_metrics.h"
+#include "frontend/client_metrics.h"
+#include "frontend/grpc_service.h"
+#include "frontend/openai_http_server.h"
+#include "frontend/prompt_source.h"
+#include "frontend/request_session.h"
 
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face model directory (config.json + model.safetensors)");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
+ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(std::string, model_name, "",
+          "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
+          "component of --model_dir)");
+ABSL_FLAG(int64_t, max_prompt_bytes, 0,
+          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
+          "context length)");
+ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(std::string, worker_id, "colocated",
           "Name in the responses' timings (prefill_worker, decode_worker)");
@@ -48,6 +60,12 @@ ABSL_FLAG(int, max_waiting, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts in chunks of this many tokens mixed into decode steps (0: whole prompts in "
           "steps of their own)");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Reuse the cached KV blocks of a prompt's longest cached prefix");
+ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
+          "KV tokens reserved beyond the prompt at admission; later tokens take blocks as they "
+          "come, and the newest sequences are preempted (recomputed later) when blocks run out. "
+          "Negative: every request is reserved whole up front");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -63,27 +81,29 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
-  auto runner = engine::CreateModelRunner({.model_dir = absl::GetFlag(FLAGS_model_dir),
-                                           .backend = absl::GetFlag(FLAGS_backend),
-                                           .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
-                                           .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
-                                           .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                           .num_threads = absl::GetFlag(FLAGS_threads),
-                                           .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)});
+  const engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
+                                             .backend = absl::GetFlag(FLAGS_backend),
+                                             .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
+                                             .num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks),
+                                             .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                                             .num_threads = absl::GetFlag(FLAGS_threads),
+                                             .weight_dtype = absl::GetFlag(FLAGS_weight_dtype)};
+  auto runner = engine::CreateModelRunner(runner_options);
   if (!runner.ok()) {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
   // As the router: config, tokenizer and chat template of the model.
-  absl::StatusOr<router::PromptSource> prompt_source =
-      router::PromptSource::Load(absl::GetFlag(FLAGS_model_dir));
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  absl::StatusOr<frontend::PromptSource> prompt_source = frontend::PromptSource::Load(model_dir);
   if (!prompt_source.ok()) {
     PDSERVE_LOG(ERROR) << prompt_source.status();
     return 1;
   }
 
   auto registry = std::make_shared<prometheus::Registry>();
-  router::RouterMetrics client_metrics(*registry);
+  frontend::ClientMetrics client_metrics(*registry);
   colocated::ColocatedMetrics engine_metrics(*registry);
   RegisterBuildInfo(*registry, absl::GetFlag(FLAGS_backend),
                     ModelNameOf(absl::GetFlag(FLAGS_model_dir)));
@@ -95,33 +115,53 @@ int Main() {
 
   // Destroyed before the runner it uses.
   auto engine = std::make_unique<colocated::ColocatedEngine>(
-      colocated::ColocatedOptions{.max_running = absl::GetFlag(FLAGS_max_running),
-                                  .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
-                                  .max_waiting = absl::GetFlag(FLAGS_max_waiting),
-                                  .max_prefill_chunk_tokens =
-                                      absl::GetFlag(FLAGS_max_prefill_chunk_tokens)},
+      colocated::ColocatedOptions{
+          .max_running = absl::GetFlag(FLAGS_max_running),
+          .max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens),
+          .max_waiting = absl::GetFlag(FLAGS_max_waiting),
+          .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
+          .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
+          .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
-  auto service = std::make_unique<colocated::ColocatedService>(
-      engine.get(), &*prompt_source, &client_metrics, absl::GetFlag(FLAGS_worker_id));
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {service.get()});
+  colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id));
+  const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  frontend::SessionManager sessions(
+      frontend::SessionOptions{
+          .max_in_flight = max_in_flight,
+          .validation = {.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes)},
+          .server_kind = "server"},
+      &*prompt_source, &orchestrator, &client_metrics);
+  frontend::GrpcGenerationService service(&sessions);
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
-  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
+  auto http_server = frontend::StartOpenAiHttpFromFlags(host, absl::GetFlag(FLAGS_http_port),
+                                                        absl::GetFlag(FLAGS_model_name), model_dir,
+                                                        max_in_flight, &sessions);
+  if (!http_server.ok()) {
+    PDSERVE_LOG(ERROR) << http_server.status();
+    return 1;
+  }
+  const int http_port = *http_server ? (*http_server)->port() : -1;
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
+                {{"http_port", absl::StrCat(http_port)}});
   PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " colocated server on " << address
-                    << ", metrics on port " << (*metrics_server)->port() << ", "
-                    << (*runner)->num_kv_blocks() << " KV blocks";
+                    << ", HTTP on port " << http_port << ", metrics on port "
+                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
+                    << " KV blocks";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
-  service->SetDraining(true);
+  sessions.SetDraining(true);
   SetServing(*grpc_server->server, false);
   WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
-                [&] { return service->in_flight() == 0; });
-  // Cancels calls still open and waits for their handlers, which release the
-  // engine's streams before the engine goes.
+                [&] { return sessions.in_flight() == 0; });
+  // Both servers end the requests still open and wait for their handlers,
+  // which release the engine's streams before the engine goes.
+  http_server->reset();
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   engine.reset();
   PDSERVE_LOG(INFO) << "colocated server stopped";

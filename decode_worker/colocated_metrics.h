@@ -1,6 +1,7 @@
 // Prometheus metrics of the colocated engine (its scheduler's view). The
-// client-facing histograms (TTFT, ITL, E2E) are the router's, from
-// router/router_metrics.h, so the same dashboard panels read both setups.
+// client-facing histograms (TTFT, ITL, E2E) are the front end's, from
+// frontend/client_metrics.h, as on the router, so the same dashboard panels
+// read both setups.
 #pragma once
 
 #include "prometheus/counter.h"
@@ -22,6 +23,9 @@ struct ColocatedMetrics {
   prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Counter& prefill_steps;
   prometheus::Counter& decode_steps;
+  prometheus::Counter& prefix_cache_queries;  // tokens looked up at admission
+  prometheus::Counter& prefix_cache_hits;     // tokens found cached
+  prometheus::Counter& preemptions;           // sequences preempted for lack of KV blocks
 };
 
 }  // namespace pdserve::colocated

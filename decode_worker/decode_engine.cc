@@ -16,28 +16,18 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-kvtransfer::TransferSpec BaseSpec(const engine::ModelRunner& runner) {
-  kvtransfer::TransferSpec spec;
-  spec.model_fingerprint = runner.fingerprint();
-  spec.dtype = std::string(engine::KvDtypeName(runner.kv_dtype()));
-  spec.bytes_per_element = engine::KvDtypeBytes(runner.kv_dtype());
-  spec.num_layers = runner.config().num_layers;
-  spec.num_kv_heads = runner.config().num_kv_heads;
-  spec.head_dim = runner.config().head_dim;
-  return spec;
-}
-
 }  // namespace
 
-// Receives one request's KV straight into its reserved blocks.
+// Follows one request's KV as the transport writes it into the reserved
+// blocks; its completion frees them on failure or starts the sequence.
 class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
  public:
-  Sink(DecodeEngine* engine, engine::SeqId seq, std::vector<int32_t> block_table, int num_tokens)
-      : engine_(engine), seq_(seq), block_table_(std::move(block_table)), num_tokens_(num_tokens) {}
+  Sink(DecodeEngine* engine, engine::SeqId seq) : engine_(engine), seq_(seq) {}
 
-  absl::Status OnLayer(int layer, std::span<const std::byte> payload) override {
-    engine_->metrics_->kv_received_bytes.Increment(static_cast<double>(payload.size()));
-    return engine_->runner_->WriteLayerKv(layer, block_table_, num_tokens_, payload);
+  absl::Status OnLayer(int layer, int token_begin, int num_tokens) override {
+    engine_->metrics_->kv_received_bytes.Increment(
+        static_cast<double>(engine_->runner_->LayerKvBytes(num_tokens)));
+    return absl::OkStatus();
   }
   void OnComplete(absl::StatusOr<int32_t> first_token) override {
     engine_->OnKvComplete(seq_, std::move(first_token));
@@ -46,8 +36,6 @@ class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
  private:
   DecodeEngine* const engine_;
   const engine::SeqId seq_;
-  const std::vector<int32_t> block_table_;
-  const int num_tokens_;
 };
 
 DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
@@ -57,11 +45,14 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       receiver_(receiver),
       metrics_(metrics),
       kv_endpoint_(receiver->endpoint()),
-      base_spec_(BaseSpec(*runner)),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
       scheduler_({.role = engine::SchedulerRole::kDecode,
                   .plan = {.max_num_seqs = options.max_running,
-                           .max_batch_tokens = std::max(options.max_running, 1)}},
+                           .max_batch_tokens = std::max(options.max_running, 1) +
+                                               std::max(options.recompute_chunk_tokens, 1),
+                           .max_prefill_chunk_tokens = std::max(options.recompute_chunk_tokens, 1)},
+                  .enable_prefix_caching = options.enable_prefix_caching,
+                  .kv_headroom_tokens = options.kv_headroom_tokens},
                  runner->config(), runner->num_kv_blocks(), runner->kv_block_size()),
       transfer_salt_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {
   {
@@ -98,16 +89,14 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     return s;
   }
   const int prompt_len = static_cast<int>(request.prompt.size());
-  // Blocks for the whole request; the last generated token never enters the cache.
-  const int reserve_tokens = prompt_len + request.sampling.max_tokens - 1;
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
-    absl::StatusOr<std::span<const int32_t>> blocks = scheduler_.AddRemote(
-        id, std::move(request.prompt), std::move(request.sampling), reserve_tokens);
+    absl::StatusOr<std::span<const int32_t>> blocks =
+        scheduler_.AddRemote(id, std::move(request.prompt), std::move(request.sampling));
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
@@ -120,10 +109,10 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     UpdateGaugesLocked();
   }
 
-  kvtransfer::TransferSpec spec = base_spec_;
-  spec.num_tokens = prompt_len;
-  auto sink = std::make_shared<Sink>(this, stream->seq(), std::move(table), prompt_len);
-  if (absl::Status s = receiver_->Expect(stream->transfer_id(), spec, sink, options_.kv_timeout);
+  auto sink = std::make_shared<Sink>(this, stream->seq());
+  if (absl::Status s = receiver_->Expect(stream->transfer_id(),
+                                         kvtransfer::TransferSpecFor(*runner_, prompt_len),
+                                         std::move(table), sink, options_.kv_timeout);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
     DropLocked(stream->seq());
@@ -213,7 +202,8 @@ DecodeLoad DecodeEngine::load() const {
   absl::MutexLock lock(&mu_);
   return DecodeLoad{.running = scheduler_.num_running(),
                     .waiting_kv = scheduler_.num_awaiting_kv(),
-                    .free_blocks = scheduler_.kv().num_free_blocks(),
+                    .preempted = scheduler_.num_waiting(),
+                    .free_blocks = scheduler_.num_available_blocks(),
                     .total_blocks = scheduler_.kv().num_blocks()};
 }
 
@@ -227,20 +217,31 @@ void DecodeEngine::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || scheduler_.num_running() > 0;
+        return stop_ || scheduler_.num_running() > 0 || scheduler_.num_waiting() > 0;
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       const absl::Time plan_start = absl::Now();
       step = scheduler_.Schedule();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - plan_start));
+      metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
+      for (const auto& [id, why] : step.failed) {
+        auto it = entries_.find(id);
+        if (it == entries_.end()) continue;
+        PDSERVE_LOG(WARNING) << "request " << it->second.request_id << ": " << why;
+        it->second.stream->Push({.error = why});
+        entries_.erase(it);
+      }
+      if (!step.failed.empty() || !step.preempted.empty()) UpdateGaugesLocked();
       if (step.empty()) {
         // Running sequences that cannot step now (cancelled, awaiting
         // blocks): wait for a change rather than spin.
         mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
         continue;
       }
-      for (const engine::StepSequence& s : step.batch.seqs) kv_tokens += s.num_cached + 1;
+      for (const engine::StepSequence& s : step.batch.seqs) {
+        kv_tokens += s.num_cached + static_cast<double>(s.tokens.size());
+      }
     }
 
     const absl::Time start = absl::Now();

@@ -1,9 +1,14 @@
 // The decode worker's engine: the scheduler core (engine/scheduler) in its
-// decode role. Admission reserves KV blocks for the request and announces the
-// transfer; received KV is written straight into those blocks; when the KV
-// and the first token are in, the sequence joins continuous batching — one
-// step over every running sequence, sequences joining and leaving between
-// steps.
+// decode role. Admission reserves KV blocks for the prompt plus a small
+// headroom and announces the transfer with those blocks as its destination;
+// the transport writes the received KV straight into them; when the KV and
+// the first token are in, the sequence joins continuous batching — one step
+// over every running sequence, sequences joining and leaving between steps —
+// and takes blocks as it grows. A failed or cancelled transfer's blocks are
+// freed only once the transport has let go of them. When blocks run out, the
+// newest sequences are preempted and later recomputed here, as a prompt step
+// of their prompt and generated tokens on this worker's runner; their streams
+// go on without a gap or a repeat (seeded sampling draws the same tokens).
 //
 // Threads: one engine thread plans, runs and applies steps; transport threads
 // write received KV into blocks reserved for (and only touched by) their
@@ -64,6 +69,14 @@ class DecodeStream : public OutputQueue<DecodeOutput> {
 
 struct DecodeEngineOptions {
   int max_running = 256;                          // sequences in the batch plus waiting for KV
+  // Tokens reserved beyond the prompt at admission; later ones take blocks
+  // as they come. Negative (or >= max_tokens): whole requests up front.
+  int kv_headroom_tokens = 32;
+  // Preempted sequences' computed blocks stay cached (evictable), so a
+  // recomputation skips what was not reused meanwhile.
+  bool enable_prefix_caching = true;
+  // Tokens per step for recomputing preempted sequences (beside the decodes).
+  int recompute_chunk_tokens = 256;
   absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
   // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
   double peak_memory_bandwidth = 0;
@@ -72,7 +85,8 @@ struct DecodeEngineOptions {
 struct DecodeLoad {
   int running = 0;
   int waiting_kv = 0;
-  int free_blocks = 0;
+  int preempted = 0;    // waiting to be recomputed
+  int free_blocks = 0;  // free beyond what preempted sequences wait for
   int total_blocks = 0;
 };
 
@@ -83,9 +97,10 @@ class DecodeEngine {
                kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
   ~DecodeEngine();  // cancels everything and joins the engine thread
 
-  // Validates the request, reserves blocks for prompt + max_tokens and
-  // announces the KV transfer. INVALID_ARGUMENT for bad input,
-  // RESOURCE_EXHAUSTED when blocks or slots run out.
+  // Validates the request, reserves blocks for the prompt plus the headroom
+  // and announces the KV transfer. INVALID_ARGUMENT for bad input,
+  // RESOURCE_EXHAUSTED when blocks or slots run out, or when the whole
+  // request could never fit this worker's cache.
   absl::StatusOr<std::shared_ptr<DecodeStream>> Admit(DecodeRequest request);
   // Stops the request and frees its blocks (now, or after the running step).
   void Cancel(const DecodeStream& stream);
@@ -117,7 +132,6 @@ class DecodeEngine {
   kvtransfer::KvReceiver* const receiver_;
   DecodeMetrics* const metrics_;
   const std::string kv_endpoint_;
-  const kvtransfer::TransferSpec base_spec_;  // num_tokens filled per request
   const double weight_bytes_;
 
   mutable absl::Mutex mu_;

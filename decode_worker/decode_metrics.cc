@@ -1,6 +1,7 @@
 #include "decode_worker/decode_metrics.h"
 
 #include "common/metrics_server.h"
+#include "common/scheduler_metrics.h"
 
 namespace pdserve::decode {
 
@@ -46,6 +47,7 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
       requests_admitted(MakeCounter(r, "pdserve_decode_requests_admitted_total",
                                     "Requests that reserved KV blocks")),
       requests_rejected(MakeCounter(r, "pdserve_decode_requests_rejected_total",
-                                    "Requests refused for lack of KV blocks or slots")) {}
+                                    "Requests refused for lack of KV blocks or slots")),
+      preemptions(MakePreemptionsCounter(r)) {}
 
 }  // namespace pdserve::decode

@@ -29,6 +29,8 @@ struct DecodeMetrics {
   prometheus::Counter& kv_receive_failures;
   prometheus::Counter& requests_admitted;
   prometheus::Counter& requests_rejected;
+  // Sequences preempted for lack of KV blocks (recomputed later).
+  prometheus::Counter& preemptions;
 };
 
 }  // namespace pdserve::decode

@@ -1,7 +1,7 @@
 #include "decode_worker/decode_service.h"
 
 #include "common/grpc_util.h"
-#include "common/sampling_convert.h"
+#include "frontend/sampling_wire.h"
 
 namespace pdserve::decode {
 

@@ -23,13 +23,21 @@
 #include "engine/runner_factory.h"
 #include "engine/runtime/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+#include "kvtransfer/device/register.h"
+#endif
 
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, metrics and KV servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
-ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "KV transport: tcp, or nccl (CUDA builds, device KV: NCCL between GPUs, CUDA IPC between "
+          "workers on one GPU)");
+ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
+          "nccl: a transfer that makes no progress this long fails its pair of workers (the "
+          "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(int, kv_port, 0, "KV receiver port (0: any free port)");
 ABSL_FLAG(std::string, router, "",
           "Router address (host:port) to register with; empty: do not register");
@@ -44,10 +52,17 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_running, 256, "Sequences held at once (running + waiting for KV)");
+ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
+          "KV tokens reserved beyond the prompt at admission; later tokens take blocks as they "
+          "come, and the newest sequences are preempted (recomputed later) when blocks run out. "
+          "Negative: every request is reserved whole up front");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Keep computed KV blocks cached (evictable) so a preempted sequence's recomputation "
+          "reuses what is still there");
 ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
-          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: measure it at start-up "
-          "(cpu backend)");
+          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
+          "(cpu: a triad measured at start-up; cuda: the device's memory clock x bus width)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -81,8 +96,14 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
-  auto receiver = kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
-                                               absl::GetFlag(FLAGS_kv_port));
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+  kvtransfer::device::RegisterDeviceKvTransports(
+      {.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms))});
+#endif
+  auto receiver =
+      kvtransfer::CreateKvReceiver(absl::GetFlag(FLAGS_kv_transport), host,
+                                   absl::GetFlag(FLAGS_kv_port), (*runner)->kv_regions());
   if (!receiver.ok()) {
     PDSERVE_LOG(ERROR) << "cannot start KV receiver: " << receiver.status();
     return 1;
@@ -100,6 +121,8 @@ int Main() {
 
   decode::DecodeEngineOptions engine_options{
       .max_running = absl::GetFlag(FLAGS_max_running),
+      .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens),
+      .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .kv_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_timeout_ms)),
       .peak_memory_bandwidth = peak.value};
   // Destroyed before the receiver and the runner it uses.
@@ -124,12 +147,13 @@ int Main() {
     info.set_kv_endpoint(engine->kv_endpoint());
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
+    info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
     registrar =
         std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
           decode::DecodeLoad load = engine->load();
           internal::v1::WorkerLoad out;
-          out.set_running_sequences(load.running + load.waiting_kv);
+          out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
           out.set_free_kv_blocks(load.free_blocks);
           out.set_total_kv_blocks(load.total_blocks);
           out.set_draining(service.draining());
@@ -151,7 +175,7 @@ int Main() {
   if (registrar) registrar->Poke();
   WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)), [&] {
     const decode::DecodeLoad load = engine->load();
-    return load.running + load.waiting_kv == 0;
+    return load.running + load.waiting_kv + load.preempted == 0;
   });
   registrar.reset();
   // Cancels calls still open after the deadline and waits for their handlers,

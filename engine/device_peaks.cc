@@ -5,13 +5,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/cpu/roofline.h"
+#include "engine/runner_factory.h"
 
 namespace pdserve::engine {
 
 absl::StatusOr<double> MeasurePeak(PeakKind kind, const PeakOptions& options) {
   if (options.backend != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("the ", options.backend, " backend does not report its peaks yet"));
+    const BackendHooks* hooks = FindBackend(options.backend);
+    if (hooks == nullptr || hooks->measure_peak == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("the ", options.backend, " backend is not built into this binary"));
+    }
+    return hooks->measure_peak(kind, options);
   }
   const cpu::RooflineMeasurement m =
       kind == PeakKind::kFlops ? cpu::MeasureSgemmFlops(options.threads, options.budget)
@@ -30,11 +35,16 @@ ResolvedPeak ResolvePeak(PeakKind kind, double flag_value, const std::string& fl
   if (!measured.ok()) {
     return {0, absl::StrCat("unknown (", measured.status().message(), "; set --", flag_name, ")")};
   }
-  return {*measured,
-          absl::StrFormat("%.4g %s measured in %d ms (%s, %d threads)", *measured, unit,
-                          static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - start)),
-                          kind == PeakKind::kFlops ? "sgemm" : "triad",
-                          options.threads > 0 ? options.threads : omp_get_num_procs())};
+  const int ms = static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - start));
+  if (options.backend != "cpu") {
+    return {*measured,
+            absl::StrFormat(
+                "%.4g %s from the %s device in %d ms (%s)", *measured, unit, options.backend, ms,
+                kind == PeakKind::kFlops ? "bf16 GEMM measured" : "2 x memory clock x bus width")};
+  }
+  return {*measured, absl::StrFormat("%.4g %s measured in %d ms (%s, %d threads)", *measured, unit,
+                                     ms, kind == PeakKind::kFlops ? "sgemm" : "triad",
+                                     options.threads > 0 ? options.threads : omp_get_num_procs())};
 }
 
 }  // namespace pdserve::engine

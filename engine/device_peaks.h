@@ -5,10 +5,11 @@
 // One place answers per backend:
 //   cpu   measured at start-up (engine/cpu/roofline.h: sgemm FLOP/s, triad
 //         bytes/s), in well under a second each;
-//   cuda  not yet: the CUDA backend reads them from its device (e.g. memory
-//         clock x bus width, and a cuBLAS GEMM run) and returns them from
-//         MeasurePeak. Until then the GPU overlay passes the datasheet
-//         figures as flags.
+//   cuda  from the device (engine/cuda/cuda_peaks.h): memory bandwidth as
+//         2 x memory clock x bus width (the datasheet figure the device
+//         reports), FLOP/s measured with a short cuBLAS bf16 GEMM run;
+//         through the backend's hooks (engine/runner_factory.h), so a
+//         binary without the CUDA backend answers UNIMPLEMENTED.
 #pragma once
 
 #include <string>

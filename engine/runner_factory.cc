@@ -3,31 +3,71 @@
 // index) and builds the runner of the requested backend.
 #include "engine/runner_factory.h"
 
-#include <algorithm>
-#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/cpu/cpu_model_runner.h"
 #include "engine/model/config.h"
 #include "engine/model/weight_source.h"
+#if defined(PDSERVE_WITH_CUDA_BACKEND)
+#include "engine/cuda/cuda_backend.h"
+#endif
 
 namespace pdserve::engine {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  // Node-based: pointers to the hooks stay valid as others register.
+  std::map<std::string, BackendHooks, std::less<>> backends;
+};
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();  // never destroyed: used from static initializers
+  return *registry;
+}
+
+}  // namespace
+
+void RegisterBackend(const std::string& name, BackendHooks hooks) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.backends[name] = hooks;
+}
+
+const BackendHooks* FindBackend(std::string_view name) {
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (auto it = r.backends.find(name); it != r.backends.end()) return &it->second;
+  }
+#if defined(PDSERVE_WITH_CUDA_BACKEND)
+  if (name == "cuda") {
+    static const BackendHooks hooks = cuda::CudaBackendHooks();
+    return &hooks;
+  }
+#endif
+  return nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options) {
-  if (options.backend != "cpu") {
-    if (options.backend == "cuda") {
-      // The CUDA runner hooks in here once it exists (PDSERVE_ENABLE_CUDA builds).
-      return absl::InvalidArgumentError("cuda backend not built");
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown backend \"", options.backend, "\" (expected \"cpu\" or \"cuda\")"));
-  }
   if (options.kv_block_size < 1 || options.num_kv_blocks < 0 || options.kv_cache_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("runner options: kv_block_size must be >= 1 (got ", options.kv_block_size,
                      "), num_kv_blocks and kv_cache_bytes >= 0 (got ", options.num_kv_blocks, ", ",
                      options.kv_cache_bytes, ")"));
+  }
+  if (options.backend != "cpu") {
+    if (const BackendHooks* hooks = FindBackend(options.backend)) return hooks->create(options);
+    if (options.backend == "cuda") {
+      return absl::InvalidArgumentError(
+          "cuda backend not built (configure with -DPDSERVE_ENABLE_CUDA=ON)");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown backend \"", options.backend, "\" (expected \"cpu\" or \"cuda\")"));
   }
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(options.model_dir);
   if (!config.ok()) return config.status();
@@ -40,17 +80,30 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
   cpu.kv_block_size = options.kv_block_size;
   cpu.num_threads = options.num_threads;
   cpu.weight_dtype = options.weight_dtype;
-  cpu.num_kv_blocks = options.num_kv_blocks;
-  if (cpu.num_kv_blocks == 0) {
-    // fp32 KV: bytes per block = block_size * 2 * layers * kv_heads * head_dim * 4.
-    const int64_t block_bytes = config->KvBytesPerToken(sizeof(float)) * options.kv_block_size;
-    const int64_t blocks = options.kv_cache_bytes / std::max<int64_t>(block_bytes, 1);
-    cpu.num_kv_blocks = static_cast<int>(std::clamp<int64_t>(
-        blocks, 1, std::numeric_limits<int32_t>::max() / options.kv_block_size));
-  }
+  cpu.num_kv_blocks = KvBlocksFor(options, *config, sizeof(float));  // fp32 KV
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner = CpuModelRunner::Create(**weights, cpu);
   if (!runner.ok()) return runner.status();
   return std::unique_ptr<ModelRunner>(std::move(*runner));
+}
+
+std::string DescribeRunner(const ModelRunner& runner, const RunnerOptions& options) {
+  const ModelConfig& c = runner.config();
+  const std::string threads =
+      options.num_threads > 0
+          ? absl::StrCat("threads ", options.num_threads)
+          : absl::StrCat("threads ", std::max(1u, std::thread::hardware_concurrency()),
+                         " (all cores)");
+  const int64_t kv_tokens = int64_t{runner.num_kv_blocks()} * runner.kv_block_size();
+  return absl::StrFormat(
+      "model %s (%s, %d layers, hidden %d, vocab %d, context %d), backend %s, weights %s "
+      "(%.1f MiB read per decode step), %s, KV %d blocks x %d tokens = %d tokens (%s)",
+      options.model_dir, c.architecture, c.num_layers, c.hidden_size, c.vocab_size,
+      c.max_position_embeddings, runner.backend(),
+      options.weight_dtype == WeightDtype::kAuto
+          ? "as stored"
+          : std::string(WeightDtypeName(options.weight_dtype)),
+      static_cast<double>(runner.DecodeWeightBytes()) / (1 << 20), threads, runner.num_kv_blocks(),
+      runner.kv_block_size(), kv_tokens, KvDtypeName(runner.kv_dtype()));
 }
 
 }  // namespace pdserve::engine

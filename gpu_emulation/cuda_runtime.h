@@ -80,6 +80,14 @@ enum cudaStreamCaptureStatus {
   cudaStreamCaptureStatusActive = 1,
   cudaStreamCaptureStatusInvalidated = 2,
 };
+// The attributes cudaDeviceGetAttribute answers (CUDA 13 dropped the clock
+// fields from cudaDeviceProp: these are where they are read now).
+enum cudaDeviceAttr {
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
+};
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
@@ -90,6 +98,12 @@ inline constexpr unsigned int cudaEventDefault = 0x0;
 inline constexpr unsigned int cudaEventBlockingSync = 0x1;
 inline constexpr unsigned int cudaEventDisableTiming = 0x2;
 inline constexpr unsigned int cudaHostAllocDefault = 0x0;
+inline constexpr unsigned int cudaIpcMemLazyEnablePeerAccess = 0x1;
+
+#define CUDA_IPC_HANDLE_SIZE 64
+struct cudaIpcMemHandle_t {
+  char reserved[CUDA_IPC_HANDLE_SIZE];
+};
 
 namespace pdserve::gpuemu {
 struct Stream;
@@ -138,6 +152,10 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+// Each emulating process owns a GPU of its own: its bus id differs from any
+// other process's, so two processes never share a device (see IPC below).
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
@@ -165,6 +183,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
                             cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* dst, int value, size_t count);
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream = nullptr);
+
+// ---- interprocess memory ----
+// A handle names a live allocation by its base pointer (any other pointer is
+// cudaErrorInvalidValue, as in CUDA). Opening a handle works in no process:
+// in the exporting one CUDA refuses it (cudaErrorInvalidResourceHandle here),
+// and the emulation shares no memory across processes
+// (cudaErrorNotSupported). Code that pairs two workers of one process uses
+// the addresses themselves, which is also what it must do on a GPU.
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr);
+cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void* dev_ptr);
 
 // ---- streams ----
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
@@ -198,6 +227,10 @@ namespace pdserve::gpuemu {
 // The message of the most recent launch failure (which kernel, which block,
 // which rule), or "" if none since cudaDeviceReset.
 const char* LastFailureMessage();
+
+// The live device allocation holding `p`: its base and size (what the
+// driver API's cuMemGetAddressRange answers on a GPU). False if none.
+bool AllocationRange(const void* p, void** base, size_t* size);
 
 }  // namespace pdserve::gpuemu
 

@@ -385,11 +385,12 @@ void RunSend(const Op& op) {
   Peer& p = *s.peers[op.peer];
   const std::string what =
       "send #" + std::to_string(op.seq) + " to rank " + std::to_string(op.peer);
+  bool gone;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.aborted || p.closed)
-      return Finish(s, false, ncclRemoteError, what + ": connection closed");
+    gone = s.aborted || p.closed;
   }
+  if (gone) return Finish(s, false, ncclRemoteError, what + ": connection closed");
   bool ok;
   {
     std::lock_guard<std::mutex> lock(p.write_mu);

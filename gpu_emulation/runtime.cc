@@ -2,6 +2,7 @@
 // capture and graphs. See cuda_runtime.h for the model.
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -111,13 +112,24 @@ bool UnsafeCallDuringCapture() {
 
 }  // namespace
 
-bool DeviceRange(const void* p, size_t n) {
+bool AllocationRange(const void* p, void** base, size_t* size) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(g_mem_mu);
   auto it = g_allocations.upper_bound(a);
   if (it == g_allocations.begin()) return false;
   --it;
-  return it->second.device && a >= it->first && a + n <= it->first + it->second.size && a + n >= a;
+  if (!it->second.device || a >= it->first + it->second.size) return false;
+  *base = reinterpret_cast<void*>(it->first);
+  *size = it->second.size;
+  return true;
+}
+
+bool DeviceRange(const void* p, size_t n) {
+  void* base = nullptr;
+  size_t size = 0;
+  if (!AllocationRange(p, &base, &size)) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a + n <= reinterpret_cast<uintptr_t>(base) + size && a + n >= a;
 }
 
 namespace {
@@ -461,6 +473,36 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  if (pci_bus_id == nullptr || len <= 0) return Fail(cudaErrorInvalidValue);
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  const unsigned pid = static_cast<unsigned>(getpid());
+  std::snprintf(pci_bus_id, static_cast<size_t>(len), "%04x:%02x:00.0", (pid >> 8) & 0xffff,
+                pid & 0xff);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  cudaDeviceProp prop;
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) return e;
+  switch (attr) {
+    case cudaDevAttrClockRate:
+      *value = prop.clockRate;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = prop.multiProcessorCount;
+      return cudaSuccess;
+    case cudaDevAttrMemoryClockRate:
+      *value = prop.memoryClockRate;
+      return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = prop.memoryBusWidth;
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaDeviceSynchronize() {
   {
     std::lock_guard<std::mutex> lock(CaptureMutex());
@@ -535,6 +577,46 @@ cudaError_t FreeAllocation(void* ptr, bool device) {
 }  // namespace
 
 cudaError_t cudaFree(void* ptr) { return FreeAllocation(ptr, true); }
+
+namespace {
+constexpr char kIpcMagic[8] = "pdsemu";
+struct IpcBody {
+  char magic[8];
+  int64_t pid;
+  uintptr_t base;
+  size_t size;
+};
+static_assert(sizeof(IpcBody) <= CUDA_IPC_HANDLE_SIZE);
+}  // namespace
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
+  if (handle == nullptr) return Fail(cudaErrorInvalidValue);
+  void* base = nullptr;
+  size_t size = 0;
+  if (!AllocationRange(dev_ptr, &base, &size) || base != dev_ptr) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  IpcBody body{};
+  std::memcpy(body.magic, kIpcMagic, sizeof body.magic);
+  body.pid = getpid();
+  body.base = reinterpret_cast<uintptr_t>(base);
+  body.size = size;
+  std::memset(handle, 0, sizeof *handle);
+  std::memcpy(handle->reserved, &body, sizeof body);
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int flags) {
+  if (dev_ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  IpcBody body;
+  std::memcpy(&body, handle.reserved, sizeof body);
+  if (std::memcmp(body.magic, kIpcMagic, sizeof body.magic) != 0) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  return Fail(body.pid == getpid() ? cudaErrorInvalidResourceHandle : cudaErrorNotSupported);
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* dev_ptr) { return Fail(cudaErrorInvalidValue); }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);

@@ -21,6 +21,9 @@
 #include "engine/runner_factory.h"
 #include "engine/runtime/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+#include "kvtransfer/device/register.h"
+#endif
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
 
@@ -29,7 +32,12 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
-ABSL_FLAG(std::string, kv_transport, "tcp", "KV transport: tcp");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "KV transport: tcp, or nccl (CUDA builds, device KV: NCCL between GPUs, CUDA IPC between "
+          "workers on one GPU)");
+ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
+          "nccl: a transfer that makes no progress this long fails its pair of workers (the "
+          "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(std::string, router, "",
           "Router address (host:port) to register with; empty: do not register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
@@ -47,8 +55,12 @@ ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
           "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "Reuse the cached KV blocks of a prompt's longest cached prefix (shared prompt "
+          "prefixes are computed once) and report a digest of them to the router");
 ABSL_FLAG(double, peak_flops, 0,
-          "Peak FLOP/s of the device for the MFU gauge; 0: measure it at start-up (cpu backend)");
+          "Peak FLOP/s of the device for the MFU gauge; 0: measured at start-up (cpu: sgemm; "
+          "cuda: a bf16 cuBLAS GEMM)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long queued prompts may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -81,13 +93,19 @@ int Main() {
     PDSERVE_LOG(ERROR) << "cannot load model: " << runner.status();
     return 1;
   }
+  PDSERVE_LOG(INFO) << engine::DescribeRunner(**runner, runner_options);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
   metrics.peak_flops.Set(peak.value);
   RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
   // After the metrics: the sender's completion callbacks may still run while
   // it shuts down, and must find the metrics alive.
-  auto sender = kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport));
+#if defined(PDSERVE_KV_DEVICE_TRANSPORT)
+  kvtransfer::device::RegisterDeviceKvTransports(
+      {.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms))});
+#endif
+  auto sender =
+      kvtransfer::CreateKvSender(absl::GetFlag(FLAGS_kv_transport), (*runner)->kv_regions());
   if (!sender.ok()) {
     PDSERVE_LOG(ERROR) << sender.status();
     return 1;
@@ -103,6 +121,7 @@ int Main() {
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
       .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
+      .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .peak_flops = peak.value};
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
@@ -131,6 +150,8 @@ int Main() {
           internal::v1::WorkerLoad out;
           out.set_queued_prompt_tokens(load.queued_tokens);
           out.set_queued_requests(load.queued_requests);
+          out.mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(),
+                                                    load.cached_block_hashes.end());
           out.set_draining(service.draining());
           return out;
         });

@@ -26,7 +26,8 @@ engine::SchedulerOptions SchedulerOptionsFor(const PrefillEngineOptions& o) {
   return {.role = engine::SchedulerRole::kPrefill,
           .plan = {.max_num_seqs = o.max_queued_requests,
                    .max_batch_tokens = o.max_batch_tokens,
-                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens}};
+                   .max_prefill_chunk_tokens = o.max_prefill_chunk_tokens},
+          .enable_prefix_caching = o.enable_prefix_caching};
 }
 
 }  // namespace
@@ -42,6 +43,7 @@ PrefillEngine::PrefillEngine(PrefillEngineOptions options, engine::ModelRunner* 
   {
     absl::MutexLock lock(&sends_->mu);
     sends_->metrics = metrics;
+    sends_->engine = this;
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -67,7 +69,8 @@ PrefillEngine::~PrefillEngine() {
     auto all_done = [this]()
                         ABSL_SHARED_LOCKS_REQUIRED(sends_->mu) { return sends_->in_flight == 0; };
     sends_->mu.AwaitWithTimeout(absl::Condition(&all_done), options_.send_drain_timeout);
-    sends_->metrics = nullptr;  // late callbacks must not touch the metrics
+    sends_->metrics = nullptr;  // late callbacks must not touch the metrics or blocks
+    sends_->engine = nullptr;
     for (auto& [key, session] : sends_->sessions) sessions.push_back(std::move(session));
     sends_->sessions.clear();
   }
@@ -75,15 +78,7 @@ PrefillEngine::~PrefillEngine() {
 }
 
 kvtransfer::TransferSpec PrefillEngine::SpecFor(int num_tokens) const {
-  kvtransfer::TransferSpec spec;
-  spec.model_fingerprint = runner_->fingerprint();
-  spec.dtype = std::string(engine::KvDtypeName(runner_->kv_dtype()));
-  spec.bytes_per_element = engine::KvDtypeBytes(runner_->kv_dtype());
-  spec.num_layers = runner_->config().num_layers;
-  spec.num_kv_heads = runner_->config().num_kv_heads;
-  spec.head_dim = runner_->config().head_dim;
-  spec.num_tokens = num_tokens;
-  return spec;
+  return kvtransfer::TransferSpecFor(*runner_, num_tokens);
 }
 
 absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequest request) {
@@ -151,8 +146,10 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
 
 PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return PrefillLoad{.queued_tokens = scheduler_.pending_prompt_tokens(),
-                     .queued_requests = static_cast<int>(jobs_.size())};
+  PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
+                   .queued_requests = static_cast<int>(jobs_.size())};
+  if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
+  return load;
 }
 
 void PrefillEngine::UpdateGaugesLocked() {
@@ -177,6 +174,8 @@ void PrefillEngine::Loop() {
       step = scheduler_.Schedule();
       start = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
+      metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
+      metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
       if (step.empty()) continue;
       wake_ = true;  // plan again right after this step
       for (engine::SeqId id : step.ids) {
@@ -215,6 +214,7 @@ void PrefillEngine::Loop() {
 
     // Outcomes are handed out after the lock is released.
     struct Done {
+      engine::SeqId id = 0;
       Job job;
       std::optional<engine::SampledToken> first;
       absl::Status error;
@@ -236,9 +236,12 @@ void PrefillEngine::Loop() {
               {.job = std::move(it->second),
                .error = absl::InternalError(absl::StrCat("prefill failed: ", u.error.message()))});
         } else if (u.token.has_value()) {
-          // Its KV is staged in the session: the blocks are free to reuse.
-          scheduler_.Release(u.id);
-          done.push_back({.job = std::move(it->second),
+          // The transport reads the blocks until the send is done (FinishJob
+          // releases them then); a send that already failed reads nothing
+          // more once aborted below, before the next step can reuse them.
+          if (!send_status[i].ok()) scheduler_.Release(u.id);
+          done.push_back({.id = u.id,
+                          .job = std::move(it->second),
                           .first = *u.token,
                           .error = send_status[i],
                           .sent_bytes = sent_bytes[i]});
@@ -258,12 +261,13 @@ void PrefillEngine::Loop() {
         d.job.kv_session->Abort(d.error);
         d.job.ticket->Complete(d.error);
       } else if (!d.error.ok()) {
-        metrics_->kv_transfer_failures.Increment();
+        metrics_->CountKvTransferFailure(d.error);
         d.job.kv_session->Abort(d.error);
         d.job.ticket->Complete(absl::UnavailableError(
             absl::StrCat("KV transfer to the decode worker failed: ", d.error.message())));
       } else {
-        FinishJob(d.job, *std::move(d.first), d.sent_bytes, transfer_start, compute_end, seconds);
+        FinishJob(d.id, d.job, *std::move(d.first), d.sent_bytes, transfer_start, compute_end,
+                  seconds);
       }
     }
   }
@@ -276,27 +280,48 @@ absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(engine::ScheduledStep&
                                                           absl::Time& first_layer_sent) {
   absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner_->Enqueue(step.batch);
   if (!handle.ok()) return handle.status();
-  // While the runner computes layer i+1, copy layer i of every prompt this
-  // step finishes (all its tokens, earlier chunks included) into its session.
+  // Queue layer i of every prompt this step finishes (all its tokens,
+  // earlier chunks included) on its session as soon as it is computed, while
+  // the runner computes layer i+1. Sessions that order their reads after the
+  // layer's device event get it at once; the others once the host has seen
+  // the layer complete.
+  bool host_wait = false;
+  for (size_t i = 0; i < step.ids.size(); ++i) {
+    if (step.batch.seqs[i].sampling != nullptr && !jobs[i]->kv_session->OrdersOnDeviceEvents()) {
+      host_wait = true;
+    }
+  }
+  const size_t layer_bytes = runner_->LayerKvBytes(1);
   for (int layer = 0; layer < runner_->config().num_layers; ++layer) {
-    if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+    void* event = (*handle)->LayerDeviceEvent(layer);
+    if (host_wait || event == nullptr) {
+      if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+    }
     if (layer == 0) first_layer_sent = absl::Now();
     for (size_t i = 0; i < step.ids.size(); ++i) {
       const engine::StepSequence& seq = step.batch.seqs[i];
       if (seq.sampling == nullptr || !send_status[i].ok()) continue;
       const int n = jobs[i]->prompt_len;
-      std::vector<std::byte> payload(runner_->LayerKvBytes(n));
-      send_status[i] = runner_->ReadLayerKv(layer, seq.block_table, n, payload);
-      if (!send_status[i].ok()) continue;
-      sent_bytes[i] += payload.size();
-      send_status[i] = jobs[i]->kv_session->SendLayer(layer, std::move(payload));
+      send_status[i] = jobs[i]->kv_session->SendLayer(
+          {.layer = layer,
+           .token_begin = 0,
+           .num_tokens = n,
+           .block_table = seq.block_table,
+           .ready_event = jobs[i]->kv_session->OrdersOnDeviceEvents() ? event : nullptr});
+      if (send_status[i].ok()) sent_bytes[i] += layer_bytes * n;
     }
   }
   return (*handle)->Wait();
 }
 
-void PrefillEngine::FinishJob(Job& job, engine::SampledToken first, size_t sent_bytes,
-                              absl::Time transfer_start, absl::Time compute_end,
+void PrefillEngine::ReleaseSource(engine::SeqId id) {
+  absl::MutexLock lock(&mu_);
+  scheduler_.Release(id);
+  UpdateGaugesLocked();
+}
+
+void PrefillEngine::FinishJob(engine::SeqId id, Job& job, engine::SampledToken first,
+                              size_t sent_bytes, absl::Time transfer_start, absl::Time compute_end,
                               double compute_seconds) {
   const int32_t first_token = first.token;
   metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(absl::Now() - job.enqueued));
@@ -323,21 +348,23 @@ void PrefillEngine::FinishJob(Job& job, engine::SampledToken first, size_t sent_
   }
   reaped.clear();
   // `done` may run inline (a session that already failed) or on a transport
-  // thread; either way it only marks the session for reaping.
-  session->Finish(first_token, [tracker, key, sent_bytes, transfer_start, compute_end,
+  // thread; the transport reads the blocks no more by then, so it releases
+  // them, and marks the session for reaping.
+  session->Finish(first_token, [tracker, id, key, sent_bytes, transfer_start, compute_end,
                                 request_id = job.request_id](absl::Status s) {
     const absl::Time now = absl::Now();
     absl::MutexLock lock(&tracker->mu);
     --tracker->in_flight;
     tracker->done_keys.push_back(key);
+    if (tracker->engine == nullptr) return;  // the engine is gone
+    tracker->engine->ReleaseSource(id);
     PrefillMetrics* metrics = tracker->metrics;
-    if (metrics == nullptr) return;  // the engine is gone
     if (s.ok()) {
       metrics->kv_transfer_seconds.Observe(absl::ToDoubleSeconds(now - transfer_start));
       metrics->kv_transfer_exposed_seconds.Observe(absl::ToDoubleSeconds(now - compute_end));
       metrics->kv_transfer_bytes.Increment(static_cast<double>(sent_bytes));
     } else {
-      metrics->kv_transfer_failures.Increment();
+      metrics->CountKvTransferFailure(s);
       PDSERVE_LOG(WARNING) << "request " << request_id << ": KV transfer failed: " << s;
     }
   });

@@ -1,15 +1,23 @@
 // The prefill worker's engine: the scheduler core (engine/scheduler) in its
 // prefill role. Prompts are queued and admitted while their blocks fit,
-// batched up to a token budget (optionally in chunks); each step's layers are
-// copied out and queued on the request's KV session as soon as the layer is
-// in the cache, while the runner computes the next one; the first token is
-// sampled by the runner and handed back at once (time to first token ends
-// there). A prompt's blocks are held until its KV has been staged for the
-// transport, then released.
+// batched up to a token budget (optionally in chunks); in a prompt's last
+// step each layer is queued on the request's KV session by descriptor
+// (layer, tokens, the prompt's blocks) as soon as the layer is in the cache
+// (on a device backend: ordered after the layer's compute event, without
+// waiting on the host), while the runner computes the next one; the first
+// token is sampled by the runner and handed back at once (time to first
+// token ends there). A prompt's blocks are held until the transport reports
+// them read (the session's `done`), then released.
+// With prefix caching, a prompt starts after the longest prefix whose blocks
+// are still cached (in use by another prompt, or evictable), its own full
+// blocks stay cached once released, and the KV sent still covers the whole
+// prompt (cached blocks are read like any other).
 //
 // Threads: one engine thread plans, runs and applies steps; gRPC handler
-// threads Submit, wait on their ticket and Cancel; KV send completion runs on
-// transport threads. `mu_` guards the scheduler and the job table.
+// threads Submit, wait on their ticket and Cancel; KV send completion (which
+// releases the blocks) runs on transport threads. `mu_` guards the scheduler
+// and the job table; a send tracker's lock is taken before `mu_`, never
+// while holding it.
 #pragma once
 
 #include <atomic>
@@ -63,14 +71,18 @@ struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
   int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  bool enable_prefix_caching = true;
   double peak_flops = 0;             // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
   absl::Duration send_drain_timeout = absl::Seconds(10);
 };
 
 struct PrefillLoad {
-  int64_t queued_tokens = 0;  // waiting and running
+  int64_t queued_tokens = 0;  // waiting and running, cached prefixes not counted
   int queued_requests = 0;
+  // With prefix caching: the KV cache's digest for routers
+  // (KvCacheManager::CachedHashDigest).
+  std::vector<uint64_t> cached_block_hashes;
 };
 
 class PrefillEngine {
@@ -103,11 +115,12 @@ class PrefillEngine {
   };
   // KV sends whose receiver ack is pending. Shared with the sends' completion
   // callbacks, which may outlive the engine: after the engine is gone they
-  // no longer touch its metrics.
+  // no longer touch its metrics or blocks.
   struct SendTracker {
     absl::Mutex mu;
     int in_flight ABSL_GUARDED_BY(mu) = 0;
     PrefillMetrics* metrics ABSL_GUARDED_BY(mu) = nullptr;  // null once the engine is gone
+    PrefillEngine* engine ABSL_GUARDED_BY(mu) = nullptr;    // likewise
     // Finished sessions awaiting their ack, by key; keys of acknowledged ones.
     std::unordered_map<uint64_t, std::unique_ptr<kvtransfer::SendSession>> sessions
         ABSL_GUARDED_BY(mu);
@@ -123,9 +136,12 @@ class PrefillEngine {
                                              std::vector<absl::Status>& send_status,
                                              std::vector<size_t>& sent_bytes,
                                              absl::Time& first_layer_sent);
-  // Hands a finished prompt's first token out and its session to the tracker.
-  void FinishJob(Job& job, engine::SampledToken first, size_t sent_bytes, absl::Time transfer_start,
-                 absl::Time compute_end, double compute_seconds);
+  // Hands a finished prompt's first token out and its session to the
+  // tracker; the blocks of sequence `id` are released when the send is done.
+  void FinishJob(engine::SeqId id, Job& job, engine::SampledToken first, size_t sent_bytes,
+                 absl::Time transfer_start, absl::Time compute_end, double compute_seconds);
+  // The transport no longer reads the blocks of held sequence `id`.
+  void ReleaseSource(engine::SeqId id);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrefillEngineOptions options_;

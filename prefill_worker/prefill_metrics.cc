@@ -1,6 +1,10 @@
 #include "prefill_worker/prefill_metrics.h"
 
+#include <string>
+
 #include "common/metrics_server.h"
+#include "common/scheduler_metrics.h"
+#include "kvtransfer/transport.h"
 
 namespace pdserve::prefill {
 
@@ -38,7 +42,19 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
           "KV transfer time left after prefill compute ended (not hidden behind compute)",
           LatencyBuckets())),
       kv_transfer_bytes(MakeCounter(r, "pdserve_kv_transfer_bytes_total", "KV bytes sent")),
-      kv_transfer_failures(
-          MakeCounter(r, "pdserve_kv_transfer_failures_total", "KV transfers that failed")) {}
+      kv_transfer_failures(prometheus::BuildCounter()
+                               .Name("pdserve_kv_transfer_failures_total")
+                               .Help("KV transfers that failed, by reason")
+                               .Register(r)),
+      prefix_cache_queries(MakePrefixCacheQueriesCounter(r)),
+      prefix_cache_hits(MakePrefixCacheHitsCounter(r)) {
+  for (std::string_view reason : kvtransfer::kKvFailureReasons) {
+    kv_transfer_failures.Add({{"reason", std::string(reason)}});
+  }
+}
+
+void PrefillMetrics::CountKvTransferFailure(const absl::Status& why) {
+  kv_transfer_failures.Add({{"reason", std::string(kvtransfer::KvFailureReason(why))}}).Increment();
+}
 
 }  // namespace pdserve::prefill

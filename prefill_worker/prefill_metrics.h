@@ -1,6 +1,7 @@
 // Prometheus metrics of a prefill worker, created on an injected registry.
 #pragma once
 
+#include "absl/status/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -27,7 +28,13 @@ struct PrefillMetrics {
   prometheus::Histogram& kv_transfer_seconds;          // first layer queued -> receiver ack
   prometheus::Histogram& kv_transfer_exposed_seconds;  // compute end -> receiver ack
   prometheus::Counter& kv_transfer_bytes;
-  prometheus::Counter& kv_transfer_failures;
+  // pdserve_kv_transfer_failures_total{reason}: every reason of
+  // kvtransfer::kKvFailureReasons exists from start-up.
+  prometheus::Family<prometheus::Counter>& kv_transfer_failures;
+  void CountKvTransferFailure(const absl::Status& why);
+  // Prefix caching, in tokens: looked up at admission, and found cached.
+  prometheus::Counter& prefix_cache_queries;
+  prometheus::Counter& prefix_cache_hits;
 };
 
 }  // namespace pdserve::prefill

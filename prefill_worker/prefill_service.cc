@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
-#include "common/sampling_convert.h"
+#include "frontend/sampling_wire.h"
 
 namespace pdserve::prefill {
 

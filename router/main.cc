@@ -1,7 +1,8 @@
-// pdserve_router: the client-facing Generate API, the worker registry and
-// the stream proxy.
+// pdserve_router: the client-facing APIs (gRPC pdserve.v1.Generation and
+// OpenAI-compatible HTTP, both over the front end's request sessions), the
+// worker registry and the orchestration of prefill and decode workers.
 //
-//   pdserve_router --model_dir=DIR [--port=0] [--metrics_port=0]
+//   pdserve_router --model_dir=DIR [--port=0] [--http_port=0] [--metrics_port=0]
 //
 // Flags are read here only and turned into options once.
 #include <unistd.h>
@@ -17,19 +18,32 @@
 #include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/process_metrics.h"
-#include "router/generation_service.h"
-#include "router/prompt_source.h"
+#include "frontend/client_metrics.h"
+#include "frontend/grpc_service.h"
+#include "frontend/openai_http_server.h"
+#include "frontend/prompt_source.h"
+#include "frontend/request_session.h"
+#include "router/disaggregated_orchestrator.h"
 #include "router/registry_service.h"
 #include "router/router_metrics.h"
 
 ABSL_FLAG(std::string, model_dir, "",
           "Model directory; the router reads config.json and generation_config.json (vocabulary, "
           "context, BOS/EOS), the tokenizer files and the chat template");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC and metrics servers to");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port for clients and worker registration (0: any free port)");
+ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(std::string, model_name, "",
+          "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
+          "component of --model_dir)");
+ABSL_FLAG(int64_t, max_prompt_bytes, 0,
+          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
+          "context length)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
-ABSL_FLAG(std::string, routing_policy, "least_loaded", "Routing policy");
+ABSL_FLAG(std::string, routing_policy, "prefix_aware",
+          "Routing policy: prefix_aware (prefill workers likely to hold the prompt's prefix, "
+          "unless loaded) or least_loaded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
@@ -47,7 +61,7 @@ int Main() {
     return 2;
   }
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  absl::StatusOr<router::PromptSource> prompt_source = router::PromptSource::Load(model_dir);
+  absl::StatusOr<frontend::PromptSource> prompt_source = frontend::PromptSource::Load(model_dir);
   if (!prompt_source.ok()) {
     PDSERVE_LOG(ERROR) << prompt_source.status();
     return 1;
@@ -60,6 +74,7 @@ int Main() {
   const std::string host = absl::GetFlag(FLAGS_host);
 
   auto registry = std::make_shared<prometheus::Registry>();
+  frontend::ClientMetrics client_metrics(*registry);
   router::RouterMetrics metrics(*registry);
   RegisterBuildInfo(*registry, "none", ModelNameOf(model_dir));
   auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
@@ -71,9 +86,15 @@ int Main() {
   router::WorkerRegistry workers(absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
   router::RegistryService registry_service(
       &workers, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
-  router::GenerationService generation(
-      router::GenerationOptions{.max_in_flight = absl::GetFlag(FLAGS_max_in_flight)},
-      &*prompt_source, &workers, policy->get(), &metrics);
+  router::DisaggregatedOrchestrator orchestrator(&workers, policy->get(), &metrics);
+  const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  frontend::SessionManager sessions(
+      frontend::SessionOptions{
+          .max_in_flight = max_in_flight,
+          .validation = {.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes)},
+          .server_kind = "router"},
+      &*prompt_source, &orchestrator, &client_metrics);
+  frontend::GrpcGenerationService generation(&sessions);
   auto grpc_server =
       StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation, &registry_service});
   if (!grpc_server.ok()) {
@@ -81,6 +102,13 @@ int Main() {
     return 1;
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
+  auto http_server = frontend::StartOpenAiHttpFromFlags(host, absl::GetFlag(FLAGS_http_port),
+                                                        absl::GetFlag(FLAGS_model_name), model_dir,
+                                                        max_in_flight, &sessions);
+  if (!http_server.ok()) {
+    PDSERVE_LOG(ERROR) << http_server.status();
+    return 1;
+  }
 
   // Keeps the pool-size gauges current (and expires silent workers).
   std::atomic<bool> stop{false};
@@ -94,16 +122,23 @@ int Main() {
     }
   });
 
-  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());
+  const int http_port = *http_server ? (*http_server)->port() : -1;
+  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
+                {{"http_port", absl::StrCat(http_port)}});
   PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
-                    << ", metrics on port " << (*metrics_server)->port();
+                    << ", HTTP on port " << http_port << ", metrics on port "
+                    << (*metrics_server)->port() << ", model " << model_dir << " ("
+                    << prompt_source->config.architecture << ", context "
+                    << prompt_source->config.max_position_embeddings << ", text "
+                    << (prompt_source->text_unavailable.empty() ? "served" : "unavailable") << ")";
 
   const int sig = WaitForShutdownSignal();
   PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
-  generation.SetDraining(true);
+  sessions.SetDraining(true);
   SetServing(*grpc_server->server, false);
   WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
-                [&] { return generation.in_flight() == 0; });
+                [&] { return sessions.in_flight() == 0; });
+  http_server->reset();  // ends what is left of its requests
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   stop.store(true);
   pool_watch.join();
@@ -117,8 +152,8 @@ int Main() {
 int main(int argc, char** argv) {
   pdserve::BlockShutdownSignals();
   pdserve::ParseFlags(argc, argv,
-                      "The client-facing Generate API, the worker registry and the stream proxy of "
-                      "a pdserve cluster",
+                      "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the worker "
+                      "registry and the orchestration of the workers of a pdserve cluster",
                       __FILE__);
   return pdserve::Main();
 }

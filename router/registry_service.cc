@@ -5,12 +5,14 @@
 namespace pdserve::router {
 namespace {
 LoadReport FromProto(const internal::v1::WorkerLoad& l) {
-  return LoadReport{.queued_prompt_tokens = l.queued_prompt_tokens(),
-                    .queued_requests = l.queued_requests(),
-                    .running_sequences = l.running_sequences(),
-                    .free_kv_blocks = l.free_kv_blocks(),
-                    .total_kv_blocks = l.total_kv_blocks(),
-                    .draining = l.draining()};
+  return LoadReport{
+      .queued_prompt_tokens = l.queued_prompt_tokens(),
+      .queued_requests = l.queued_requests(),
+      .running_sequences = l.running_sequences(),
+      .free_kv_blocks = l.free_kv_blocks(),
+      .total_kv_blocks = l.total_kv_blocks(),
+      .draining = l.draining(),
+      .cached_block_hashes = {l.cached_block_hashes().begin(), l.cached_block_hashes().end()}};
 }
 }  // namespace
 
@@ -30,6 +32,7 @@ grpc::Status RegistryService::Register(grpc::ServerContext*, const internal::v1:
   desc.model_fingerprint = w.model_fingerprint();
   desc.kv_block_size = w.kv_block_size();
   desc.metrics_address = w.metrics_address();
+  desc.kv_headroom_tokens = w.has_kv_headroom_tokens() ? w.kv_headroom_tokens() : -1;
   absl::Status s = registry_->Register(desc, FromProto(request->load()), absl::Now());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(heartbeat_interval_)));

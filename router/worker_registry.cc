@@ -1,12 +1,38 @@
 #include "router/worker_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "engine/kvcache/kv_cache_manager.h"
 
 namespace pdserve::router {
+
+const std::vector<uint64_t>& PrefillQuery::LookupHashes(int block_size) const {
+  for (const auto& [size, hashes] : hashes_) {
+    if (size == block_size) return hashes;
+  }
+  std::vector<uint64_t> hashes;
+  if (block_size > 0 && !prompt_.empty()) {
+    hashes = engine::BlockHashes(prompt_.first(prompt_.size() - 1), block_size);
+  }
+  hashes_.emplace_back(block_size, std::move(hashes));
+  return hashes_.back().second;
+}
+
+int CachedPrefixTokens(const WorkerView& worker, const PrefillQuery& query) {
+  const int block_size = worker.desc.kv_block_size;
+  if (worker.cached_prefixes->empty() || block_size <= 0) return 0;
+  const std::vector<uint64_t>& hashes = query.LookupHashes(block_size);
+  for (int i = static_cast<int>(hashes.size()) - 1; i >= 0; --i) {
+    if (engine::IsDigestPosition(i) && worker.cached_prefixes->contains(hashes[i])) {
+      return (i + 1) * block_size;
+    }
+  }
+  return 0;
+}
 
 absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& load,
                                       absl::Time now) {
@@ -31,6 +57,9 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
   e.desc = desc;
   e.load = load;
   e.last_seen = now;
+  e.finished_requests_since_report = 0;
+  e.finished_tokens_since_report = 0;
+  UpdatePrefixesLocked(e, &load.cached_block_hashes, now);
   if (is_new) {
     PDSERVE_LOG(INFO) << "worker " << desc.id << " joined ("
                       << (desc.role == Role::kPrefill ? "prefill" : "decode") << ", "
@@ -46,6 +75,9 @@ bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, ab
   if (it == workers_.end()) return false;
   it->second.load = load;
   it->second.last_seen = now;
+  it->second.finished_requests_since_report = 0;
+  it->second.finished_tokens_since_report = 0;
+  UpdatePrefixesLocked(it->second, &load.cached_block_hashes, now);
   return true;
 }
 
@@ -60,7 +92,14 @@ std::vector<WorkerView> WorkerRegistry::Live(Role role, absl::Time now) {
   std::vector<WorkerView> out;
   for (const auto& [id, e] : workers_) {
     if (e.desc.role != role || e.load.draining) continue;
-    out.push_back(WorkerView{e.desc, e.load, e.outstanding_requests, e.outstanding_tokens});
+    // A report taken before work this router saw finish still counts it.
+    LoadReport load = e.load;
+    load.queued_prompt_tokens =
+        std::max<int64_t>(0, load.queued_prompt_tokens - e.finished_tokens_since_report);
+    load.queued_requests = std::max(0, load.queued_requests - e.finished_requests_since_report);
+    load.running_sequences = std::max(0, load.running_sequences - e.finished_requests_since_report);
+    out.push_back(WorkerView{e.desc, std::move(load), e.outstanding_requests, e.outstanding_tokens,
+                             e.prefixes});
   }
   return out;
 }
@@ -87,12 +126,49 @@ OutstandingWork WorkerRegistry::StartWork(const std::string& id, int64_t prompt_
   return work;
 }
 
+OutstandingWork WorkerRegistry::StartPrefill(const WorkerView& worker, const PrefillQuery& query,
+                                             absl::Time now) {
+  const int64_t uncached = query.prompt_tokens() - CachedPrefixTokens(worker, query);
+  OutstandingWork work = StartWork(worker.desc.id, uncached);
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker.desc.id);
+  if (it == workers_.end()) return work;
+  Entry& e = it->second;
+  const std::vector<uint64_t>& hashes = query.LookupHashes(e.desc.kv_block_size);
+  bool added = false;
+  for (int i = 0; i < static_cast<int>(hashes.size()); ++i) {
+    if (!engine::IsDigestPosition(i) || e.reported.contains(hashes[i])) continue;
+    added |= e.routed.insert_or_assign(hashes[i], now).second;
+  }
+  if (added) UpdatePrefixesLocked(e, nullptr, now);
+  return work;
+}
+
+void WorkerRegistry::UpdatePrefixesLocked(Entry& e, const std::vector<uint64_t>* digest,
+                                          absl::Time now) {
+  bool changed = false;
+  if (digest != nullptr) {
+    PrefixHashSet reported(digest->begin(), digest->end());
+    changed = reported != e.reported;
+    e.reported = std::move(reported);
+  }
+  changed |= std::erase_if(e.routed, [&](const auto& r) {
+               return e.reported.contains(r.first) || now - r.second > ttl_;
+             }) > 0;
+  if (!changed && digest != nullptr) return;
+  auto all = std::make_shared<PrefixHashSet>(e.reported);
+  for (const auto& [hash, when] : e.routed) all->insert(hash);
+  e.prefixes = std::move(all);
+}
+
 void WorkerRegistry::FinishWork(const std::string& id, uint64_t incarnation, int64_t tokens) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
   if (it == workers_.end() || it->second.incarnation != incarnation) return;
   it->second.outstanding_requests -= 1;
   it->second.outstanding_tokens -= tokens;
+  it->second.finished_requests_since_report += 1;
+  it->second.finished_tokens_since_report += tokens;
 }
 
 OutstandingWork& OutstandingWork::operator=(OutstandingWork&& other) noexcept {

@@ -1,12 +1,18 @@
 // The router's view of the worker pools: who is registered, their last
 // reported load, and what this router has sent them that their reports may
-// not show yet. Time is an input (no clock reads), so expiry is tested
-// without sleeping. Thread-safe.
+// not show yet (outstanding work; prompt prefixes routed to a prefill worker
+// since its last digest). Time is an input (no clock reads), so expiry is
+// tested without sleeping. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +32,9 @@ struct WorkerDesc {
   uint64_t model_fingerprint = 0;
   int kv_block_size = 0;  // tokens per KV block
   std::string metrics_address;
+  // Decode: KV tokens reserved beyond the prompt at admission (lazy
+  // growth); negative: whole requests are reserved.
+  int kv_headroom_tokens = -1;
 };
 
 struct LoadReport {
@@ -35,15 +44,45 @@ struct LoadReport {
   int free_kv_blocks = 0;            // decode
   int total_kv_blocks = 0;           // decode
   bool draining = false;
+  // Prefill: digest of the cached KV blocks (engine/kvcache:
+  // KvCacheManager::CachedHashDigest).
+  std::vector<uint64_t> cached_block_hashes;
 };
+
+using PrefixHashSet = std::unordered_set<uint64_t>;
 
 // A live worker as routing policies see it.
 struct WorkerView {
   WorkerDesc desc;
   LoadReport load;
   int outstanding_requests = 0;    // sent by this router, not yet finished
-  int64_t outstanding_tokens = 0;  // prompt tokens of outstanding prefills
+  int64_t outstanding_tokens = 0;  // prompt tokens (not cached there) of outstanding prefills
+  // Prefill: block hashes (digest positions) the worker is believed to
+  // cache: its last digest plus what this router sent it since. Never null.
+  std::shared_ptr<const PrefixHashSet> cached_prefixes = std::make_shared<PrefixHashSet>();
 };
+
+// A prompt to place on a prefill worker. Hashes its blocks the way workers
+// do (engine/kvcache BlockHashes, with each worker's registered block size),
+// once per block size. Not thread-safe; the prompt must outlive it.
+class PrefillQuery {
+ public:
+  explicit PrefillQuery(std::span<const int32_t> prompt) : prompt_(prompt) {}
+  std::span<const int32_t> prompt() const { return prompt_; }
+  int prompt_tokens() const { return static_cast<int>(prompt_.size()); }
+  // Chained hashes of the full blocks a worker looks up at admission (those
+  // before the prompt's last token). Empty for block_size <= 0.
+  const std::vector<uint64_t>& LookupHashes(int block_size) const;
+
+ private:
+  std::span<const int32_t> prompt_;
+  mutable std::vector<std::pair<int, std::vector<uint64_t>>> hashes_;  // by block size
+};
+
+// Prompt tokens `worker` is believed to hold cached for `query`: the deepest
+// digest position where the prompt's chained hash is among its cached
+// prefixes (a lower bound, short by at most seven blocks).
+int CachedPrefixTokens(const WorkerView& worker, const PrefillQuery& query);
 
 class WorkerRegistry;
 
@@ -89,6 +128,10 @@ class WorkerRegistry {
   // Router-side accounting between heartbeats: one request of
   // `prompt_tokens` sent to worker `id` (an empty handle if it is unknown).
   OutstandingWork StartWork(const std::string& id, int64_t prompt_tokens);
+  // A prompt sent to prefill worker `worker` (as Live returned it): counts
+  // its tokens not cached there as outstanding, and notes its prefix as
+  // cached there until the worker's digest shows it or `ttl` passes.
+  OutstandingWork StartPrefill(const WorkerView& worker, const PrefillQuery& query, absl::Time now);
 
  private:
   struct Entry {
@@ -98,10 +141,23 @@ class WorkerRegistry {
     int outstanding_requests = 0;
     int64_t outstanding_tokens = 0;
     uint64_t incarnation = 0;  // distinct for every (re-)registration after a drop
+    // Work this router saw finish since the last load report: the report
+    // may still count it as queued or running, and views discount it.
+    int finished_requests_since_report = 0;
+    int64_t finished_tokens_since_report = 0;
+    // Prefill: the last digest, the prefixes routed here since (hash -> when
+    // last routed), and their union as handed to views.
+    PrefixHashSet reported;
+    std::unordered_map<uint64_t, absl::Time> routed;
+    std::shared_ptr<const PrefixHashSet> prefixes = std::make_shared<PrefixHashSet>();
   };
   friend class OutstandingWork;
   void FinishWork(const std::string& id, uint64_t incarnation, int64_t tokens);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a new digest, drops routed notes it confirms or that are older
+  // than ttl_, and rebuilds the union when anything changed.
+  void UpdatePrefixesLocked(Entry& e, const std::vector<uint64_t>* digest, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration ttl_;
   absl::Mutex mu_;

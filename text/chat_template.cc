@@ -112,8 +112,10 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
   jinja::Array list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) {
-    list.push_back(jinja::Value(
-        jinja::Object{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}}));
+    jinja::Value message(
+        jinja::Object{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}});
+    for (const auto& [key, value] : m.extra) message.Set(key, value);
+    list.push_back(std::move(message));
   }
   jinja::Object globals = {
       {"messages", jinja::Value(std::move(list))},
@@ -122,6 +124,7 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
       {"add_generation_prompt", jinja::Value(options.add_generation_prompt)},
   };
   for (const auto& [name, value] : options.flags) globals.emplace_back(name, jinja::Value(value));
+  for (const auto& [name, value] : options.variables) globals.emplace_back(name, value);
   if (options.now.has_value()) {
     const absl::Time now = *options.now;
     globals.emplace_back(

@@ -25,6 +25,10 @@ namespace pdserve::text {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant", "tool", ...
   std::string content;
+  // Further keys of the message object the template sees (e.g. tool_calls,
+  // tool_call_id, name); a "content" here replaces the one above (a null
+  // content is jinja::Value::None()).
+  jinja::Object extra;
 };
 
 struct ChatTemplate {
@@ -42,6 +46,9 @@ struct ChatRenderOptions {
   // date); it formats this instant in UTC. Unset: strftime_now is undefined
   // and such templates fall back to their fixed date.
   std::optional<absl::Time> now;
+  // Further template variables (e.g. tools, tool_choice), set after the
+  // renderer's own.
+  jinja::Object variables;
 };
 
 // Parses `source` (a Jinja chat template). INVALID_ARGUMENT names the line of
@@ -56,7 +63,8 @@ absl::StatusOr<ChatTemplate> ParseChatTemplate(std::string_view source, std::str
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& model_dir);
 
 // Renders `messages` (variables: messages, bos_token, eos_token,
-// add_generation_prompt, options.flags; `tools` stays undefined). Fails with
+// add_generation_prompt, options.flags, options.variables; `tools` stays
+// undefined unless options.variables sets it). Fails with
 // the template's own message when it raises (e.g. roles not alternating),
 // and INVALID_ARGUMENT on an empty conversation.
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,

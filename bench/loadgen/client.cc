@@ -1,5 +1,6 @@
 #include "bench/loadgen/client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -31,7 +32,10 @@ RequestRecord RunOne(v1::Generation::Stub& stub, const PlannedRequest& planned, 
   request.set_request_id(absl::StrCat("loadgen-", planned.index));
   request.mutable_token_ids()->mutable_ids()->Assign(planned.prompt.begin(), planned.prompt.end());
   v1::SamplingParams* sampling = request.mutable_sampling();
-  sampling->set_max_tokens(planned.output_len);
+  const bool client_stops = options.max_tokens > 0;
+  const int wanted =
+      client_stops ? std::min(planned.output_len, options.max_tokens) : planned.output_len;
+  sampling->set_max_tokens(client_stops ? options.max_tokens : planned.output_len);
   sampling->set_ignore_eos(true);
   sampling->set_temperature(options.temperature);
   sampling->set_seed(static_cast<uint64_t>(planned.index) + 1);
@@ -62,6 +66,16 @@ RequestRecord RunOne(v1::Generation::Stub& stub, const PlannedRequest& planned, 
     for (int i = 1; i < n; ++i) record.token_gaps_s.push_back(0);
     record.output_tokens += n;
     last_token = now;
+    if (client_stops && record.output_tokens >= wanted) break;
+  }
+  if (client_stops && record.output_tokens >= wanted) {
+    // Done reading: the rest of the stream is not wanted.
+    record.e2e_s = absl::ToDoubleSeconds(absl::Now() - start);
+    ctx.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    reader->Finish();
+    return record;
   }
   grpc::Status status = reader->Finish();
   record.e2e_s = absl::ToDoubleSeconds(absl::Now() - start);

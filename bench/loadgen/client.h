@@ -21,6 +21,11 @@ struct RunOptions {
   double request_timeout_s = 300;
   float temperature = 0;       // 0: greedy
   bool progress = true;        // a line on stderr every 5 s
+  // > 0: every request asks for max_tokens tokens, and the client ends its
+  // stream after its planned output length (as a router does when a stop
+  // string matches, or a model emitting its stop token), counting it a
+  // success. 0: requests ask for exactly their planned output length.
+  int max_tokens = 0;
 };
 
 std::vector<RequestRecord> RunLoad(const std::vector<PlannedRequest>& plan, const RunOptions& options);

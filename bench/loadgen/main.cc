@@ -11,8 +11,11 @@
 //     --slo_ttft_s=1 --slo_itl_s=0.1 --seed=1 --json_out=run.json
 //
 // Every request sets ignore_eos, so it produces exactly its planned output
-// length unless it hits the model context. Exit status: 0 when the run
-// finished (whatever its failures), 2 for bad flags.
+// length unless it hits the model context (with --max_tokens, requests ask
+// for more and the client stops reading at the planned length).
+// --shared_prefix_len gives prompts common system prompts (prefix caching).
+// Exit status: 0 when the run finished (whatever its failures), 2 for bad
+// flags.
 #include <fstream>
 #include <iostream>
 
@@ -38,6 +41,14 @@ ABSL_FLAG(std::string, prompt_len, "fixed:128",
 ABSL_FLAG(std::string, output_len, "fixed:64",
           "Output tokens (max_tokens, ignore_eos): as --prompt_len");
 ABSL_FLAG(int, vocab_size, 256, "Prompt token ids are drawn from [1, vocab_size)");
+ABSL_FLAG(int, shared_prefix_len, 0,
+          "Every prompt starts with one of --num_shared_prefixes fixed prefixes of this many "
+          "tokens (system prompts), then --prompt_len tokens of its own; 0: none");
+ABSL_FLAG(int, num_shared_prefixes, 1, "Distinct shared prefixes, picked uniformly per request");
+ABSL_FLAG(int, max_tokens, 0,
+          "> 0: requests ask for this many tokens and the client ends each stream after its "
+          "--output_len tokens (as a stop string would), counting it a success; 0: max_tokens is "
+          "the output length");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy)");
 ABSL_FLAG(uint64_t, seed, 1,
           "Seed of the workload (arrivals, lengths, token ids) and of each request's sampling");
@@ -79,6 +90,8 @@ int Main() {
   workload.output_len = *output_len;
   workload.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   workload.seed = absl::GetFlag(FLAGS_seed);
+  workload.shared_prefix_len = absl::GetFlag(FLAGS_shared_prefix_len);
+  workload.num_shared_prefixes = absl::GetFlag(FLAGS_num_shared_prefixes);
   auto plan = PlanWorkload(workload);
   if (!plan.ok()) {
     std::cerr << plan.status().message() << "\n";
@@ -93,7 +106,8 @@ int Main() {
                  .warmup_s = absl::GetFlag(FLAGS_warmup_s),
                  .request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s),
                  .temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
-                 .progress = absl::GetFlag(FLAGS_progress)};
+                 .progress = absl::GetFlag(FLAGS_progress),
+                 .max_tokens = absl::GetFlag(FLAGS_max_tokens)};
   if (run.concurrency < 1) {
     std::cerr << "--concurrency must be >= 1\n";
     return 2;
@@ -155,7 +169,10 @@ int Main() {
                       {"prompt_len", workload.prompt_len.ToString()},
                       {"output_len", workload.output_len.ToString()},
                       {"temperature", run.temperature},
-                      {"seed", workload.seed}};
+                      {"seed", workload.seed},
+                      {"shared_prefix_len", workload.shared_prefix_len},
+                      {"num_shared_prefixes", workload.num_shared_prefixes},
+                      {"max_tokens", run.max_tokens}};
   // The first few failures, to say why.
   nlohmann::json errors = nlohmann::json::array();
   for (const RequestRecord& r : records) {

@@ -37,21 +37,11 @@ done
 mkdir -p "$out"
 loadgen="$bin/bench/loadgen/pdserve_loadgen"
 
-# A Llama-shaped random model: 8 layers, hidden 512, 8 heads (4 KV heads),
-# MLP 1408, byte vocabulary: 23.5 M parameters, f32 (94 MB). On one idle core
-# a 256-token prefill takes ~0.3 s and a batch-1 decode step ~10 ms.
+# shellcheck source=bench/loadgen/bench_lib.sh
+. "$root/bench/loadgen/bench_lib.sh"
 model="$out/model"
-[ -f "$model/model.safetensors" ] || "$bin/tools/pdserve_make_model" --out_dir="$model" --seed=1 \
-  --hidden_size=512 --intermediate_size=1408 --num_layers=8 --num_heads=8 --num_kv_heads=4 \
-  --max_position_embeddings=2048 --vocab_size=320 > /dev/null
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
-  echo "memory: $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-  echo "os: $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
-  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-} > "$out/machine.txt"
+bench_model "$model" "$bin"
+bench_machine_info "$out/machine.txt" "$root"
 
 run_load() {  # target label json rate metrics_port
   echo "load average before '$2': $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"

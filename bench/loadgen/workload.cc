@@ -56,6 +56,15 @@ absl::StatusOr<LengthDistribution> LengthDistribution::Parse(const std::string& 
     d.lo = n.size() == 4 ? static_cast<int>(std::round(n[2])) : 1;
     d.hi = n.size() == 4 ? static_cast<int>(std::round(n[3])) : static_cast<int>(std::ceil(n[0] + 4 * n[1]));
     if (d.lo < 1 || d.hi < d.lo) return bad("normal needs 1 <= LO <= HI");
+  } else if (parts[0] == "exponential") {
+    if (n.size() != 1 && n.size() != 3) return bad("exponential needs MEAN or MEAN:LO:HI");
+    if (n[0] < 1) return bad("exponential needs MEAN >= 1");
+    d.kind = Kind::kExponential;
+    d.a = n[0];
+    d.lo = n.size() == 3 ? static_cast<int>(std::round(n[1])) : 1;
+    d.hi =
+        n.size() == 3 ? static_cast<int>(std::round(n[2])) : static_cast<int>(std::ceil(10 * n[0]));
+    if (d.lo < 1 || d.hi < d.lo) return bad("exponential needs 1 <= LO <= HI");
   } else {
     return bad("unknown kind");
   }
@@ -72,6 +81,10 @@ int LengthDistribution::Sample(std::mt19937_64& rng) const {
       const double v = std::round(std::normal_distribution<double>(a, b)(rng));
       return static_cast<int>(std::clamp(v, static_cast<double>(lo), static_cast<double>(hi)));
     }
+    case Kind::kExponential: {
+      const double v = std::round(std::exponential_distribution<double>(1.0 / a)(rng));
+      return static_cast<int>(std::clamp(v, static_cast<double>(lo), static_cast<double>(hi)));
+    }
   }
   return lo;
 }
@@ -86,6 +99,8 @@ std::string LengthDistribution::ToString() const {
       return absl::StrCat("uniform:", lo, ":", hi);
     case Kind::kNormal:
       return absl::StrCat("normal:", a, ":", b, ":", lo, ":", hi);
+    case Kind::kExponential:
+      return absl::StrCat("exponential:", a, ":", lo, ":", hi);
   }
   return "";
 }
@@ -117,6 +132,9 @@ absl::StatusOr<std::vector<PlannedRequest>> PlanWorkload(const WorkloadOptions& 
     return absl::InvalidArgumentError("burst arrivals need max_requests");
   }
   if (options.vocab_size < 2) return absl::InvalidArgumentError("vocab_size must be >= 2");
+  if (options.shared_prefix_len < 0 || options.num_shared_prefixes < 1) {
+    return absl::InvalidArgumentError("shared prefixes need a length >= 0 and a count >= 1");
+  }
   // Separate streams, so changing a length distribution leaves the arrival
   // times alone and the other way round.
   std::mt19937_64 arrivals(options.seed);
@@ -124,6 +142,17 @@ absl::StatusOr<std::vector<PlannedRequest>> PlanWorkload(const WorkloadOptions& 
   std::mt19937_64 tokens(options.seed ^ 0x14057B7EF767814Full);
   std::uniform_int_distribution<int32_t> token(1, options.vocab_size - 1);
   std::exponential_distribution<double> gap(options.arrival == Arrival::kBurst ? 1.0 : options.rate);
+  // The shared prefixes and each request's pick: streams of their own.
+  std::mt19937_64 prefix_tokens(options.seed ^ 0x2545F4914F6CDD1Dull);
+  std::mt19937_64 prefix_picks(options.seed ^ 0x9E3779B97F4A7C15ull);
+  std::vector<std::vector<int32_t>> prefixes;
+  if (options.shared_prefix_len > 0) {
+    for (int p = 0; p < options.num_shared_prefixes; ++p) {
+      std::vector<int32_t>& prefix = prefixes.emplace_back(options.shared_prefix_len);
+      for (int32_t& id : prefix) id = token(prefix_tokens);
+    }
+  }
+  std::uniform_int_distribution<int> pick(0, options.num_shared_prefixes - 1);
 
   std::vector<PlannedRequest> plan;
   double t = 0;
@@ -140,6 +169,11 @@ absl::StatusOr<std::vector<PlannedRequest>> PlanWorkload(const WorkloadOptions& 
     r.prompt.resize(options.prompt_len.Sample(lengths));
     r.output_len = options.output_len.Sample(lengths);
     for (int32_t& id : r.prompt) id = token(tokens);
+    if (!prefixes.empty()) {
+      r.prefix_index = pick(prefix_picks);
+      r.prompt.insert(r.prompt.begin(), prefixes[r.prefix_index].begin(),
+                      prefixes[r.prefix_index].end());
+    }
     plan.push_back(std::move(r));
   }
   return plan;

@@ -17,8 +17,11 @@ namespace pdserve::loadgen {
 //   "uniform:LO:HI"           uniform integer in [LO, HI]
 //   "normal:MEAN:STD[:LO:HI]" rounded normal, clamped to [LO, HI]
 //                             (default [1, MEAN + 4 STD])
+//   "exponential:MEAN[:LO:HI]" rounded exponential (a long tail, like
+//                             lengths that end at a stop token), clamped to
+//                             [LO, HI] (default [1, 10 MEAN])
 struct LengthDistribution {
-  enum class Kind { kFixed, kUniform, kNormal };
+  enum class Kind { kFixed, kUniform, kNormal, kExponential };
   Kind kind = Kind::kFixed;
   double a = 1;  // fixed value, uniform low, normal mean
   double b = 0;  // uniform high, normal standard deviation
@@ -48,6 +51,11 @@ struct WorkloadOptions {
   LengthDistribution output_len;
   int vocab_size = 256;        // prompt token ids are drawn from [1, vocab_size)
   uint64_t seed = 1;
+  // Shared prefixes (system prompts): with shared_prefix_len > 0 every
+  // prompt is one of num_shared_prefixes fixed prefixes of that many tokens,
+  // picked uniformly, followed by prompt_len tokens of its own.
+  int shared_prefix_len = 0;
+  int num_shared_prefixes = 1;
 };
 
 struct PlannedRequest {
@@ -55,10 +63,11 @@ struct PlannedRequest {
   double send_at_s = 0;        // offset from the start of the run
   std::vector<int32_t> prompt;
   int output_len = 1;          // max_tokens (the run sets ignore_eos)
+  int prefix_index = -1;       // which shared prefix it starts with; -1: none
 };
 
-// INVALID_ARGUMENT for a non-positive rate or duration, or kBurst without
-// max_requests.
+// INVALID_ARGUMENT for a non-positive rate or duration, kBurst without
+// max_requests, or a negative shared prefix (or fewer than one of them).
 absl::StatusOr<std::vector<PlannedRequest>> PlanWorkload(const WorkloadOptions& options);
 
 }  // namespace pdserve::loadgen

@@ -6,6 +6,7 @@
 # and a local Prometheus can watch it (deploy/prometheus).
 #
 #   deploy/local/cluster.sh start --model DIR [--prefill N] [--decode M] [--work DIR] [--bin DIR] [--threads T]
+#       [--router_flags "..."] [--prefill_flags "..."] [--decode_flags "..."]   # extra flags, also for add-*
 #   deploy/local/cluster.sh add-prefill WORK     # one more prefill worker; registers with the router
 #   deploy/local/cluster.sh add-decode WORK      # one more decode worker
 #   deploy/local/cluster.sh drain WORK PID       # SIGTERM one process of WORK, wait until it has drained
@@ -94,13 +95,15 @@ stop_cluster() {
 }
 
 start_worker() {  # work role(prefill|decode)
-  local work=$1 role=$2 i bin_name pid
+  local work=$1 role=$2 i bin_name pid extra
   # shellcheck disable=SC1091
   . "$work/cluster.env"
   i=1
   while [ -e "$work/$role$i.ready" ] || [ -e "$work/$role$i.log" ]; do i=$((i + 1)); done
-  if [ "$role" = prefill ]; then bin_name=prefill_worker/pdserve_prefill_worker; else bin_name=decode_worker/pdserve_decode_worker; fi
-  "$BIN/$bin_name" --model_dir="$MODEL" --router="$ROUTER" --threads="$THREADS" \
+  if [ "$role" = prefill ]; then bin_name=prefill_worker/pdserve_prefill_worker; extra=${PREFILL_FLAGS:-}
+  else bin_name=decode_worker/pdserve_decode_worker; extra=${DECODE_FLAGS:-}; fi
+  # shellcheck disable=SC2086  # extra flags split on spaces
+  "$BIN/$bin_name" --model_dir="$MODEL" --router="$ROUTER" --threads="$THREADS" $extra \
     --ready_file="$work/$role$i.ready" > "$work/$role$i.log" 2>&1 &
   pid=$!
   echo $pid >> "$work/pids"
@@ -185,6 +188,7 @@ case "$cmd" in
 esac
 
 model="" ; n_prefill=1 ; n_decode=1 ; work="" ; bin="$root/build" ; threads=""
+router_flags="" ; prefill_flags="" ; decode_flags=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;;
@@ -193,6 +197,9 @@ while [ $# -gt 0 ]; do
     --work) work=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --router_flags) router_flags=$2; shift 2 ;;
+    --prefill_flags) prefill_flags=$2; shift 2 ;;
+    --decode_flags) decode_flags=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -202,7 +209,8 @@ mkdir -p "$work"
 rm -f "$work"/*.ready
 : > "$work/pids"
 
-"$bin/router/pdserve_router" --model_dir="$model" --ready_file="$work/router.ready" \
+# shellcheck disable=SC2086  # extra flags split on spaces
+"$bin/router/pdserve_router" --model_dir="$model" --ready_file="$work/router.ready" $router_flags \
   > "$work/router.log" 2>&1 &
 echo $! >> "$work/pids"
 wait_ready "$work/router.ready" $! router || { stop_cluster "$work"; exit 1; }
@@ -213,7 +221,8 @@ if [ -z "$threads" ]; then
   [ "$threads" -ge 1 ] || threads=1
 fi
 # What add-prefill / add-decode need later.
-printf 'MODEL=%q\nBIN=%q\nROUTER=%q\nTHREADS=%q\n' "$model" "$bin" "$router" "$threads" > "$work/cluster.env"
+printf 'MODEL=%q\nBIN=%q\nROUTER=%q\nTHREADS=%q\nPREFILL_FLAGS=%q\nDECODE_FLAGS=%q\n' \
+  "$model" "$bin" "$router" "$threads" "$prefill_flags" "$decode_flags" > "$work/cluster.env"
 for _ in $(seq 1 "$n_prefill"); do
   start_worker "$work" prefill > /dev/null || { stop_cluster "$work"; exit 1; }
 done

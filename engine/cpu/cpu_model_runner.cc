@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/runtime/step_state.h"
 
 namespace pdserve::engine {
 namespace {
@@ -175,23 +176,6 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 
 // ---- validation and addressing ----
 
-absl::Status CpuModelRunner::CheckBlockTable(std::span<const int32_t> table, int num_tokens,
-                                             const char* what, size_t index) const {
-  const int64_t needed = (int64_t{num_tokens} + block_size_ - 1) / block_size_;
-  if (static_cast<int64_t>(table.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", index, ": block table of ",
-                                                   table.size(), " blocks cannot hold ", num_tokens,
-                                                   " tokens"));
-  }
-  for (int64_t i = 0; i < needed; ++i) {
-    if (table[i] < 0 || table[i] >= num_blocks_) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " ", index, ": block id ", table[i],
-                                                     " out of range [0, ", num_blocks_, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 int64_t CpuModelRunner::SlotOffset(std::span<const int32_t> table, int t) const {
   // Decode attention asks this for every cached position: shifts, not
   // divisions, for the usual power-of-two block sizes.
@@ -293,53 +277,9 @@ void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logit
 
 // Shared by the runner thread (which completes it) and the caller (which
 // waits on it).
-class CpuModelRunner::Handle final : public StepHandle {
+class CpuModelRunner::Handle final : public StepState {
  public:
-  explicit Handle(int num_layers) : num_layers_(num_layers) {}
-
-  // Blocks until the step is done, without taking its result.
-  void WaitDone() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
-  }
-
-  absl::Status WaitLayer(int layer) override {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this, layer]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return layers_done_ > layer || result_.has_value();
-    };
-    mu_.Await(absl::Condition(&ready));
-    if (layers_done_ > layer) return absl::OkStatus();
-    if (!result_->ok()) return result_->status();
-    return absl::InvalidArgumentError(
-        absl::StrCat("WaitLayer: layer ", layer, " outside [0, ", num_layers_, ")"));
-  }
-
-  absl::StatusOr<StepOutput> Wait() override {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Handle::DoneLocked));
-    if (taken_) return absl::FailedPreconditionError("StepHandle::Wait called twice");
-    taken_ = true;
-    return std::move(*result_);
-  }
-
-  void LayerDone(int layer) {
-    absl::MutexLock lock(&mu_);
-    layers_done_ = layer + 1;
-  }
-  void Complete(absl::StatusOr<StepOutput> result) {
-    absl::MutexLock lock(&mu_);
-    result_ = std::move(result);
-  }
-
- private:
-  bool DoneLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return result_.has_value(); }
-
-  const int num_layers_;
-  absl::Mutex mu_;
-  int layers_done_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<absl::StatusOr<StepOutput>> result_ ABSL_GUARDED_BY(mu_);
-  bool taken_ ABSL_GUARDED_BY(mu_) = false;
+  using StepState::StepState;
 };
 
 CpuModelRunner::~CpuModelRunner() {
@@ -366,40 +306,7 @@ void CpuModelRunner::Loop() {
 }
 
 absl::Status CpuModelRunner::Validate(const StepBatch& batch) const {
-  if (batch.seqs.size() > (size_t{1} << 20))
-    return absl::InvalidArgumentError("step batch too large");
-  int64_t total = 0;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const StepSequence& seq = batch.seqs[s];
-    const int64_t n = static_cast<int64_t>(seq.tokens.size());
-    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": no tokens"));
-    if (seq.num_cached < 0 || seq.num_cached + n > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step sequence ", s, ": positions ", seq.num_cached, "..", seq.num_cached + n - 1,
-          " outside [0, max_position_embeddings ", config_.max_position_embeddings, ")"));
-    }
-    for (int32_t t : seq.tokens) {
-      if (t < 0 || t >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step sequence ", s, ": token ", t, " out of range [0, ", config_.vocab_size, ")"));
-      }
-    }
-    if (absl::Status st = CheckBlockTable(seq.block_table, static_cast<int>(seq.num_cached + n),
-                                          "step sequence", s);
-        !st.ok()) {
-      return st;
-    }
-    if (seq.sampling != nullptr) {
-      if (absl::Status st = ValidateSamplingParams(*seq.sampling, config_.vocab_size); !st.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": ", st.message()));
-      }
-    }
-    total += n;
-  }
-  if (total > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("step of ", total, " tokens is too large"));
-  }
-  return absl::OkStatus();
+  return ValidateStepBatch(batch, config_, block_size_, num_blocks_);
 }
 
 absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch batch) {
@@ -412,19 +319,7 @@ absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch ba
     if (stop_) return absl::UnavailableError("CpuModelRunner is shutting down");
     jobs_.push_back(Job{std::move(batch), handle});
   }
-  // The caller's handle shares the state the runner thread completes. Its
-  // destructor waits: the batch's spans must outlive the step.
-  class Shared final : public StepHandle {
-   public:
-    explicit Shared(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
-    ~Shared() override { h_->WaitDone(); }
-    absl::Status WaitLayer(int layer) override { return h_->WaitLayer(layer); }
-    absl::StatusOr<StepOutput> Wait() override { return h_->Wait(); }
-
-   private:
-    std::shared_ptr<Handle> h_;
-  };
-  return std::unique_ptr<StepHandle>(std::make_unique<Shared>(std::move(handle)));
+  return CallerHandle(std::move(handle));
 }
 
 void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
@@ -588,15 +483,11 @@ size_t CpuModelRunner::LayerKvBytes(int num_tokens) const {
 
 absl::Status CpuModelRunner::ReadLayerKv(int layer, std::span<const int32_t> block_table,
                                          int num_tokens, std::span<std::byte> out) const {
-  if (layer < 0 || layer >= config_.num_layers || num_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReadLayerKv: bad layer ", layer, " or token count ", num_tokens));
-  }
-  if (absl::Status s = CheckBlockTable(block_table, num_tokens, "ReadLayerKv table", 0); !s.ok())
+  if (absl::Status s =
+          CheckLayerKvArgs("ReadLayerKv", config_, layer, block_table, num_tokens, block_size_,
+                           num_blocks_, out.size(), LayerKvBytes(num_tokens));
+      !s.ok()) {
     return s;
-  if (out.size() != LayerKvBytes(num_tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat("ReadLayerKv: buffer of ", out.size(),
-                                                   " bytes, need ", LayerKvBytes(num_tokens)));
   }
   const int64_t kv = config_.kv_size();
   auto* dst = reinterpret_cast<unsigned char*>(out.data());
@@ -615,15 +506,11 @@ absl::Status CpuModelRunner::ReadLayerKv(int layer, std::span<const int32_t> blo
 
 absl::Status CpuModelRunner::WriteLayerKv(int layer, std::span<const int32_t> block_table,
                                           int num_tokens, std::span<const std::byte> in) {
-  if (layer < 0 || layer >= config_.num_layers || num_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WriteLayerKv: bad layer ", layer, " or token count ", num_tokens));
-  }
-  if (absl::Status s = CheckBlockTable(block_table, num_tokens, "WriteLayerKv table", 0); !s.ok())
+  if (absl::Status s =
+          CheckLayerKvArgs("WriteLayerKv", config_, layer, block_table, num_tokens, block_size_,
+                           num_blocks_, in.size(), LayerKvBytes(num_tokens));
+      !s.ok()) {
     return s;
-  if (in.size() != LayerKvBytes(num_tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat("WriteLayerKv: buffer of ", in.size(),
-                                                   " bytes, need ", LayerKvBytes(num_tokens)));
   }
   const int64_t kv = config_.kv_size();
   const auto* src = reinterpret_cast<const unsigned char*>(in.data());

@@ -137,9 +137,6 @@ class CpuModelRunner : public ModelRunner {
   void Attention(int layer, const StepBatch& batch, int m, std::span<const int32_t> row_seq,
                  std::span<const int32_t> positions);
 
-  // Checks a block table covers `num_tokens` tokens with valid block ids.
-  absl::Status CheckBlockTable(std::span<const int32_t> table, int num_tokens, const char* what,
-                               size_t index) const;
   // Float offset of token `t`'s slot in a layer's K (or V) storage.
   int64_t SlotOffset(std::span<const int32_t> table, int t) const;
 

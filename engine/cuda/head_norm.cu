@@ -18,23 +18,24 @@ __global__ void HeadRmsNormKernel(T* qkv, HeadNormArgs args) {
   T* x = qkv + int64_t{row} * args.row_stride + int64_t{head} * args.head_dim;
   const __nv_bfloat16* weight = head < args.q_heads ? args.q_weight : args.k_weight;
   float v[kMaxHeadDim / kWarpSize];
-  const int per_lane = args.head_dim / kWarpSize;
+  const int per_lane = (args.head_dim + kWarpSize - 1) / kWarpSize;
   float sum_sq = 0.0f;
   for (int j = 0; j < per_lane; ++j) {
-    v[j] = ToFloat(x[lane + j * kWarpSize]);
+    const int i = lane + j * kWarpSize;
+    v[j] = i < args.head_dim ? ToFloat(x[i]) : 0.0f;
     sum_sq += v[j] * v[j];
   }
   sum_sq = WarpAllReduce(sum_sq, SumOp{});
   const float scale = 1.0f / sqrtf(sum_sq / static_cast<float>(args.head_dim) + args.eps);
   for (int j = 0; j < per_lane; ++j) {
     const int i = lane + j * kWarpSize;
-    x[i] = FromFloat<T>(v[j] * scale * __bfloat162float(weight[i]));
+    if (i < args.head_dim) x[i] = FromFloat<T>(v[j] * scale * __bfloat162float(weight[i]));
   }
 }
 
 template <typename T>
 cudaError_t Run(T* qkv, const HeadNormArgs& args, cudaStream_t stream) {
-  if (args.head_dim % kWarpSize != 0 || args.head_dim > kMaxHeadDim) return cudaErrorInvalidValue;
+  if (args.head_dim <= 0 || args.head_dim > kMaxHeadDim) return cudaErrorInvalidValue;
   const int64_t items = int64_t{args.rows} * (args.q_heads + args.kv_heads);
   if (items <= 0) return cudaSuccess;
   return Launch(HeadRmsNormKernel<T>,

@@ -15,7 +15,7 @@ struct HeadNormArgs {
   int row_stride = 0;  // elements between rows
   int q_heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;  // a multiple of 32, <= 512
+  int head_dim = 0;  // <= 512 (any size: Qwen3 tests use 24)
   const __nv_bfloat16* q_weight = nullptr;
   const __nv_bfloat16* k_weight = nullptr;
   float eps = 1e-6f;

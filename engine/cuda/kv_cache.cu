@@ -27,7 +27,47 @@ cudaError_t Run(const T* qkv, const KvWriteArgs& args, cudaStream_t stream) {
                 args);
 }
 
+// One thread per element, grid-stride: element (t, j) of the contiguous
+// arrays is element j of token first + t's slot.
+template <bool kToCache>
+__global__ void CopyKvKernel(KvCopyArgs a) {
+  const int64_t n = int64_t{a.count} * a.kv_size;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t item = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; item < n; item += stride) {
+    const int t = a.first + static_cast<int>(item / a.kv_size);
+    const int64_t j = item % a.kv_size;
+    const int64_t at =
+        (int64_t{a.block_table[t / a.block_size]} * a.block_size + t % a.block_size) * a.kv_size +
+        j;
+    if (kToCache) {
+      a.k_cache[at] = a.k[item];
+      a.v_cache[at] = a.v[item];
+    } else {
+      a.k[item] = a.k_cache[at];
+      a.v[item] = a.v_cache[at];
+    }
+  }
+}
+
+template <bool kToCache>
+cudaError_t CopyKv(const KvCopyArgs& args, cudaStream_t stream) {
+  const int64_t items = int64_t{args.count} * args.kv_size;
+  if (items <= 0) return cudaSuccess;
+  if (args.block_size <= 0 || args.first < 0) return cudaErrorInvalidValue;
+  constexpr unsigned kMaxBlocks = 4096;
+  const unsigned blocks =
+      BlocksFor(items, kThreads) < kMaxBlocks ? BlocksFor(items, kThreads) : kMaxBlocks;
+  return Launch(CopyKvKernel<kToCache>, {blocks, kThreads, 0, stream}, args);
+}
+
 }  // namespace
+
+cudaError_t GatherKv(const KvCopyArgs& args, cudaStream_t stream) {
+  return CopyKv<false>(args, stream);
+}
+cudaError_t ScatterKv(const KvCopyArgs& args, cudaStream_t stream) {
+  return CopyKv<true>(args, stream);
+}
 
 cudaError_t WriteKvCache(const float* qkv, const KvWriteArgs& args, cudaStream_t stream) {
   return Run(qkv, args, stream);

@@ -34,4 +34,23 @@ struct KvWriteArgs {
 cudaError_t WriteKvCache(const float* qkv, const KvWriteArgs& args, cudaStream_t stream);
 cudaError_t WriteKvCache(const __nv_bfloat16* qkv, const KvWriteArgs& args, cudaStream_t stream);
 
+// Tokens first..first + count - 1 of one sequence between one layer's paged
+// cache and contiguous arrays k and v, each [count, kv_size]: GatherKv
+// copies out of the cache (chunked prefill reads the keys before a chunk;
+// host staging of a layer), ScatterKv into it (a layer received from a
+// peer). block_table (device memory) covers first + count tokens.
+struct KvCopyArgs {
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+  int block_size = 0;
+  int kv_size = 0;
+  const int32_t* block_table = nullptr;
+  int first = 0;
+  int count = 0;
+  __nv_bfloat16* k = nullptr;
+  __nv_bfloat16* v = nullptr;
+};
+cudaError_t GatherKv(const KvCopyArgs& args, cudaStream_t stream);
+cudaError_t ScatterKv(const KvCopyArgs& args, cudaStream_t stream);
+
 }  // namespace pdserve::cuda

@@ -50,4 +50,12 @@ cudaError_t RmsNormGather(const float* x, const int32_t* row_index, const __nv_b
                 eps, out);
 }
 
+cudaError_t FusedAddRmsNormGather(float* residual, const float* delta, const int32_t* row_index,
+                                  const __nv_bfloat16* weight, int rows, int dim, float eps,
+                                  __nv_bfloat16* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  return Launch(RmsNormKernel, {static_cast<unsigned>(rows), kThreads, 0, stream}, residual, delta,
+                row_index, weight, dim, eps, out);
+}
+
 }  // namespace pdserve::cuda

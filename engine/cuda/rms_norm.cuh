@@ -21,4 +21,12 @@ cudaError_t FusedAddRmsNorm(float* residual, const float* delta, const __nv_bflo
 cudaError_t RmsNormGather(const float* x, const int32_t* row_index, const __nv_bfloat16* weight,
                           int rows, int dim, float eps, __nv_bfloat16* out, cudaStream_t stream);
 
+// Both: for i < rows, residual[row_index[i]] += delta[row_index[i]], then
+// out[i] = RMSNorm(residual[row_index[i]]) * weight (the last layer's
+// residual add fused with the final norm of the rows that sample). Rows
+// not named are left as they are; row_index must not repeat a row.
+cudaError_t FusedAddRmsNormGather(float* residual, const float* delta, const int32_t* row_index,
+                                  const __nv_bfloat16* weight, int rows, int dim, float eps,
+                                  __nv_bfloat16* out, cudaStream_t stream);
+
 }  // namespace pdserve::cuda

@@ -224,9 +224,25 @@ absl::Status KvCacheManager::CommitBlockHashes(SeqId seq, std::span<const uint64
     if (b.hash.has_value()) continue;           // cached already (shared, or committed before)
     if (cached_.contains(hashes[i])) continue;  // another block holds this content
     b.hash = hashes[i];
+    b.position = static_cast<int32_t>(i);
     cached_.emplace(hashes[i], table[i]);
   }
   return absl::OkStatus();
+}
+
+std::vector<uint64_t> KvCacheManager::CachedHashDigest(int max_hashes) const {
+  std::vector<uint64_t> out;
+  auto add = [&](int32_t block) {
+    const Block& b = blocks_[block];
+    if (static_cast<int>(out.size()) < max_hashes && IsDigestPosition(b.position)) {
+      out.push_back(*b.hash);
+    }
+  };
+  for (const auto& [hash, block] : cached_) {
+    if (blocks_[block].ref_count > 0) add(block);
+  }
+  for (auto it = evictable_.rbegin(); it != evictable_.rend(); ++it) add(*it);
+  return out;
 }
 
 }  // namespace pdserve::engine

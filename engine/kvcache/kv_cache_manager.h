@@ -36,6 +36,16 @@ uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> block_tokens);
 // The chained hashes of every full block of `tokens`.
 std::vector<uint64_t> BlockHashes(std::span<const int32_t> tokens, int block_size);
 
+// Chain positions (0-based block index within a sequence) whose hashes a
+// digest carries: the first four, then every eighth. A digest hit at
+// position i says at least i + 1 blocks are cached; the estimate is short by
+// at most seven blocks, and a digest is about an eighth of the cache.
+constexpr bool IsDigestPosition(int block_index) {
+  return block_index < 4 || (block_index + 1) % 8 == 0;
+}
+// The most hashes a digest holds (8 KiB on the wire).
+inline constexpr int kMaxDigestHashes = 1024;
+
 class KvCacheManager {
  public:
   // Sizes come from validated options; num_blocks >= 0, block_size >= 1.
@@ -87,11 +97,16 @@ class KvCacheManager {
   // `hashes` (they are full and computed). A hash already held by another
   // block keeps that block; this sequence's copy stays unhashed.
   absl::Status CommitBlockHashes(SeqId seq, std::span<const uint64_t> hashes);
+  // Hashes of cached blocks (in use or evictable) at digest positions, at
+  // most `max_hashes`: blocks in use first, then evictable ones, most
+  // recently freed first.
+  std::vector<uint64_t> CachedHashDigest(int max_hashes = kMaxDigestHashes) const;
 
  private:
   struct Block {
     int32_t ref_count = 0;
     std::optional<uint64_t> hash;
+    int32_t position = 0;                        // block index within the chain of `hash`
     std::list<int32_t>::iterator evictable_pos;  // valid while evictable
   };
   // Takes one block from the free pool: plain first, else the least

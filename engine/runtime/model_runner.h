@@ -168,6 +168,24 @@ class ModelRunner {
   absl::StatusOr<StepOutput> Step(StepBatch batch);
 };
 
+// Argument checks every backend applies, so a batch is refused the same way
+// whatever runs it (INVALID_ARGUMENT naming the sequence and the field).
+// `block_table` must name valid blocks (< num_blocks) for `num_tokens`
+// tokens; `what` and `index` start the message ("step sequence 2: ...").
+absl::Status CheckBlockTable(std::span<const int32_t> block_table, int num_tokens, int block_size,
+                             int num_blocks, const char* what, size_t index);
+// Enqueue's checks: non-empty token lists of ids in [0, vocab_size),
+// positions below max_position_embeddings, block tables that cover them,
+// valid sampling parameters, at most 2^24 tokens in all.
+absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config, int block_size,
+                               int num_blocks);
+// ReadLayerKv/WriteLayerKv's checks (`what` names the call): layer and token
+// count in range, the table covering num_tokens, and a buffer of exactly
+// `expected_bytes`.
+absl::Status CheckLayerKvArgs(const char* what, const ModelConfig& config, int layer,
+                              std::span<const int32_t> block_table, int num_tokens, int block_size,
+                              int num_blocks, size_t buffer_bytes, size_t expected_bytes);
+
 // Convenience for tests and tools that want logits: whole prompts from
 // position 0 (`on_layer_done`, if set, runs on the caller's thread after each
 // layer completes) and single decode tokens. `logits` gets [seqs, vocab].

@@ -2,11 +2,18 @@
 #include "engine/scheduler/plan_step.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace pdserve::engine {
 namespace {
 
 enum class Work { kAll, kPromptOnly, kDecodeOnly };
+
+// More than the newest token to compute, or still inside its prompt: a
+// prompt, a prompt chunk, or the recomputation of a preempted sequence.
+bool IsPromptWork(const PlanSeq& s) {
+  return s.num_computed < s.prompt_len || s.num_tokens - s.num_computed > 1;
+}
 
 class Planner {
  public:
@@ -15,47 +22,111 @@ class Planner {
         o_(options),
         free_(input.free_blocks),
         budget_(options.max_batch_tokens),
-        holding_(input.num_holding) {}
+        holding_(input.num_holding),
+        gone_(input.running.size(), false) {}
 
   StepPlan Plan(Work work) {
-    for (const PlanSeq& s : in_.running) {
-      if (!s.ready || s.num_tokens <= s.num_computed) continue;
-      const bool prompt_work = s.num_computed < s.prompt_len;
-      if ((work == Work::kPromptOnly && !prompt_work) ||
-          (work == Work::kDecodeOnly && prompt_work)) {
-        continue;
-      }
-      const int n = Take(s.num_tokens - s.num_computed);
-      if (n == 0) {
-        if (budget_ <= 0) break;
-        continue;  // a whole prompt over the budget waits for a step of its own
-      }
-      const int need = std::max(0, BlocksFor(s.num_computed + n) - s.num_blocks);
-      if (need > free_) continue;  // cannot grow now; sequences that finish free blocks
-      Add(s, n, need, /*admit=*/false);
-    }
-    if (work == Work::kDecodeOnly) return std::move(plan_);
-    for (const PlanSeq& s : in_.waiting) {
-      if (holding_ >= o_.max_num_seqs || s.admit_blocks > free_) break;
-      const int n = Take(s.num_tokens - s.num_computed);
-      if (n == 0) break;
-      ++holding_;
-      Add(s, n, s.admit_blocks, /*admit=*/true);
-    }
+    if (work != Work::kPromptOnly) PlanDecodes();
+    if (work != Work::kDecodeOnly) PlanPrompts();
     return std::move(plan_);
   }
 
  private:
+  // Rules 1 and 2.
+  void PlanDecodes() {
+    const std::vector<PlanSeq>& running = in_.running;
+    for (size_t i = 0; i < running.size(); ++i) {
+      const PlanSeq& s = running[i];
+      if (gone_[i] || !s.ready || s.num_tokens <= s.num_computed || IsPromptWork(s)) continue;
+      if (budget_ <= 0) break;
+      const int blocks = BlocksFor(s.num_computed + 1);
+      if (in_.total_blocks > 0 && blocks > in_.total_blocks) {
+        plan_.too_large.push_back(s.id);
+        gone_[i] = true;
+        continue;
+      }
+      const int need = std::max(0, blocks - s.num_blocks);
+      for (size_t v = running.size(); need > free_ && v-- > i + 1;) {
+        if (gone_[v] || !running[v].preemptable) continue;
+        gone_[v] = true;
+        free_ += running[v].free_on_preempt;
+        --holding_;
+        plan_.preempted.push_back(running[v].id);
+      }
+      if (need > free_) continue;  // waits for blocks: only sequences it cannot preempt hold them
+      Add(s, 1, need, /*admit=*/false);
+    }
+  }
+
+  // Rules 3 to 6.
+  void PlanPrompts() {
+    struct Candidate {
+      const PlanSeq* seq;
+      int cap;     // tokens it could take at most
+      int blocks;  // taken from the pool if planned
+      bool admit;
+    };
+    std::vector<Candidate> candidates;
+    const bool chunked = o_.max_prefill_chunk_tokens > 0;
+    auto cap_of = [&](const PlanSeq& s) {
+      const int remaining = s.num_tokens - s.num_computed;
+      return chunked ? std::min(remaining, o_.max_prefill_chunk_tokens) : remaining;
+    };
+    // Blocks are taken tentatively while listing, so that admissions see
+    // what running prompts need, and given back before planning.
+    int free = free_;
+    int holding = holding_;
+    for (size_t i = 0; i < in_.running.size(); ++i) {
+      const PlanSeq& s = in_.running[i];
+      if (gone_[i] || !s.ready || s.num_tokens <= s.num_computed || !IsPromptWork(s)) continue;
+      const int cap = cap_of(s);
+      const int need = std::max(0, BlocksFor(s.num_computed + cap) - s.num_blocks);
+      if (need > free) continue;
+      free -= need;
+      candidates.push_back({&s, cap, need, false});
+    }
+    if (plan_.preempted.empty()) {
+      for (const PlanSeq& s : in_.waiting) {
+        if (holding >= o_.max_num_seqs || s.admit_blocks > free) break;
+        if (chunked && static_cast<int>(candidates.size()) >= budget_) break;  // >= 1 token each
+        free -= s.admit_blocks;
+        ++holding;
+        candidates.push_back({&s, cap_of(s), s.admit_blocks, true});
+      }
+    }
+
+    std::vector<int> tokens(candidates.size(), 0);
+    if (chunked) {
+      std::vector<int> caps;
+      for (const Candidate& c : candidates) caps.push_back(c.cap);
+      tokens = ShareBudget(caps, budget_);
+    } else {
+      // Whole prompts while they fit; one over the budget only alone.
+      int left = budget_;
+      for (size_t k = 0; k < candidates.size(); ++k) {
+        const int n = candidates[k].cap;
+        if (n <= left || (plan_.seqs.empty() && k == 0)) {
+          tokens[k] = n;
+          left -= n;
+        }
+      }
+    }
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      const Candidate& c = candidates[k];
+      if (tokens[k] == 0) {
+        if (c.admit) break;  // first come first served: the rest of the queue waits too
+        continue;
+      }
+      if (c.admit) ++holding_;
+      const int blocks =
+          c.admit ? c.blocks
+                  : std::max(0, BlocksFor(c.seq->num_computed + tokens[k]) - c.seq->num_blocks);
+      Add(*c.seq, tokens[k], blocks, c.admit);
+    }
+  }
+
   int BlocksFor(int tokens) const {
     return tokens <= 0 ? 0 : (tokens + in_.block_size - 1) / in_.block_size;
-  }
-  // New tokens a sequence with `remaining` uncomputed tokens gets; 0: none.
-  int Take(int remaining) const {
-    if (o_.max_prefill_chunk_tokens > 0) {
-      return std::max(0, std::min({remaining, o_.max_prefill_chunk_tokens, budget_}));
-    }
-    if (remaining <= budget_) return remaining;
-    return plan_.seqs.empty() ? remaining : 0;  // over the budget: alone, or not at all
   }
   void Add(const PlanSeq& s, int n, int blocks, bool admit) {
     free_ -= blocks;
@@ -74,10 +145,42 @@ class Planner {
   int free_;
   int budget_;
   int holding_;
+  std::vector<bool> gone_;  // running[i] preempted or too large in this plan
   StepPlan plan_;
 };
 
 }  // namespace
+
+std::vector<int> ShareBudget(const std::vector<int>& caps, int budget) {
+  std::vector<int> out(caps.size(), 0);
+  if (caps.empty() || budget <= 0) return out;
+  // The water level: the largest L with sum(min(cap, L)) <= budget.
+  std::vector<int> sorted = caps;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t left = budget;
+  int64_t level = budget;
+  for (size_t j = 0; j < sorted.size(); ++j) {
+    const int64_t share = left / static_cast<int64_t>(sorted.size() - j);
+    if (sorted[j] > share) {
+      level = share;
+      break;
+    }
+    left -= sorted[j];
+  }
+  int64_t given = 0;
+  for (size_t i = 0; i < caps.size(); ++i) {
+    out[i] = static_cast<int>(std::min<int64_t>(std::max(caps[i], 0), level));
+    given += out[i];
+  }
+  // What the level rounded away, one token each to the earliest.
+  for (size_t i = 0; i < caps.size() && given < budget; ++i) {
+    if (out[i] < caps[i]) {
+      ++out[i];
+      ++given;
+    }
+  }
+  return out;
+}
 
 StepPlan PlanStep(const PlanInput& input, const PlanOptions& options) {
   if (!options.separate_prefill_steps) return Planner(input, options).Plan(Work::kAll);

@@ -34,46 +34,100 @@ const Scheduler::Sequence* Scheduler::Find(SeqId id) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
+int Scheduler::FullReserveTokens(int prompt_len, const SamplingParams& sampling) const {
+  // The last generated token never enters the cache.
+  if (options_.role == SchedulerRole::kPrefill) return prompt_len;
+  return prompt_len + std::max(sampling.max_tokens, 1) - 1;
+}
+
+int Scheduler::AdmitReserveTokens(int prompt_len, int known_tokens,
+                                  const SamplingParams& sampling) const {
+  const int full = FullReserveTokens(prompt_len, sampling);
+  if (options_.role == SchedulerRole::kPrefill || options_.kv_headroom_tokens < 0) return full;
+  const int64_t lazy = int64_t{known_tokens} + options_.kv_headroom_tokens;
+  return static_cast<int>(std::min<int64_t>(full, std::max<int64_t>(lazy, known_tokens)));
+}
+
+void Scheduler::EnsureHashes(Sequence& seq, int num_blocks) {
+  const int block_size = kv_.block_size();
+  const std::span<const int32_t> tokens(seq.tokens);
+  while (static_cast<int>(seq.block_hashes.size()) < num_blocks) {
+    const size_t at = seq.block_hashes.size() * block_size;
+    const uint64_t parent = seq.block_hashes.empty() ? kNoParentHash : seq.block_hashes.back();
+    seq.block_hashes.push_back(ChainBlockHash(parent, tokens.subspan(at, block_size)));
+  }
+}
+
+std::span<const uint64_t> Scheduler::LookupHashes(Sequence& seq) {
+  // Full blocks before the last known token: at least that token is
+  // computed, so the step that ends the sequence's known tokens samples.
+  const int blocks = (static_cast<int>(seq.tokens.size()) - 1) / kv_.block_size();
+  EnsureHashes(seq, blocks);
+  return std::span<const uint64_t>(seq.block_hashes).first(blocks);
+}
+
+void Scheduler::CommitComputed(Sequence& seq) {
+  const int blocks = seq.num_computed / kv_.block_size();
+  if (!options_.enable_prefix_caching || blocks <= seq.committed_blocks) return;
+  EnsureHashes(seq, blocks);
+  // Cannot fail: the sequence holds at least `blocks` blocks.
+  (void)kv_.CommitBlockHashes(seq.id, std::span<const uint64_t>(seq.block_hashes).first(blocks));
+  seq.committed_blocks = blocks;
+}
+
 absl::Status Scheduler::AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (seqs_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " exists"));
   const int prompt_len = static_cast<int>(prompt.size());
-  // The last generated token never enters the cache.
-  const int reserve = options_.role == SchedulerRole::kPrefill
-                          ? prompt_len
-                          : prompt_len + std::max(sampling.max_tokens, 1) - 1;
-  if (kv_.BlocksForTokens(reserve) > kv_.num_blocks()) {
+  const int full = FullReserveTokens(prompt_len, sampling);
+  if (kv_.BlocksForTokens(full) > kv_.num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        reserve, " tokens of KV (", kv_.BlocksForTokens(reserve),
-        " blocks) exceed the whole cache of ", kv_.num_blocks(), " blocks of ", kv_.block_size()));
+        full, " tokens of KV (", kv_.BlocksForTokens(full), " blocks) exceed the whole cache of ",
+        kv_.num_blocks(), " blocks of ", kv_.block_size()));
   }
   Sequence& seq = seqs_[id];
   seq.id = id;
   seq.tokens = std::move(prompt);
   seq.prompt_len = prompt_len;
-  seq.reserve_tokens = reserve;
   seq.sampling = std::move(sampling);
+  seq.reserve_tokens = AdmitReserveTokens(prompt_len, prompt_len, seq.sampling);
+  if (options_.enable_prefix_caching) {
+    seq.cached_when_added = kv_.NumCachedBlocks(LookupHashes(seq)) * kv_.block_size();
+  }
   ++num_in_state_[static_cast<int>(State::kWaiting)];
   waiting_.push_back(id);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::span<const int32_t>> Scheduler::AddRemote(SeqId id, std::vector<int32_t> prompt,
-                                                              SamplingParams sampling,
-                                                              int reserve_tokens) {
+                                                              SamplingParams sampling) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (seqs_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " exists"));
-  if (num_holding() >= options_.plan.max_num_seqs) {
+  const int prompt_len = static_cast<int>(prompt.size());
+  const int full = FullReserveTokens(prompt_len, sampling);
+  if (kv_.BlocksForTokens(full) > kv_.num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot hold the request: ", full, " tokens of KV (", kv_.BlocksForTokens(full),
+        " blocks) exceed its whole cache of ", kv_.num_blocks(), " blocks of ", kv_.block_size()));
+  }
+  // Preempted sequences waiting for readmission keep their slots.
+  if (num_holding() + num_waiting() >= options_.plan.max_num_seqs) {
     return absl::ResourceExhaustedError(
         absl::StrCat("holds its maximum of ", options_.plan.max_num_seqs, " sequences"));
   }
-  reserve_tokens = std::max(reserve_tokens, static_cast<int>(prompt.size()));
-  if (absl::Status s = kv_.Allocate(id, reserve_tokens); !s.ok()) return s;
+  const int reserve = AdmitReserveTokens(prompt_len, prompt_len, sampling);
+  if (kv_.BlocksForTokens(reserve) > num_available_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache full: ", kv_.BlocksForTokens(reserve), " blocks needed for ",
+                     reserve, " tokens, ", num_available_blocks(), " of ", kv_.num_blocks(),
+                     " available (", num_waiting(), " preempted sequences waiting)"));
+  }
+  if (absl::Status s = kv_.Allocate(id, reserve); !s.ok()) return s;
   Sequence& seq = seqs_[id];
   seq.id = id;
-  seq.prompt_len = static_cast<int>(prompt.size());
+  seq.prompt_len = prompt_len;
   seq.tokens = std::move(prompt);
-  seq.reserve_tokens = reserve_tokens;
+  seq.reserve_tokens = reserve;
   seq.sampling = std::move(sampling);
   seq.state = State::kAwaitingKv;
   ++num_in_state_[static_cast<int>(State::kAwaitingKv)];
@@ -96,6 +150,7 @@ absl::StatusOr<FinishReason> Scheduler::StartDecoding(SeqId id, int32_t first_to
   if (finish != FinishReason::kNone) {
     FreeSequence(id);
   } else {
+    CommitComputed(seq);
     SetState(seq, State::kRunning);
   }
   return finish;
@@ -130,46 +185,139 @@ void Scheduler::FreeSequence(SeqId id) {
   seqs_.erase(it);
 }
 
-PlanSeq Scheduler::ToPlanSeq(const Sequence& seq) const {
+void Scheduler::Preempt(SeqId id) {
+  Sequence& seq = seqs_.at(id);
+  kv_.Free(id);  // computed full blocks stay cached (evictable) with prefix caching
+  seq.block_table.clear();
+  seq.num_computed = 0;
+  seq.committed_blocks = 0;
+  seq.reserve_tokens =
+      AdmitReserveTokens(seq.prompt_len, static_cast<int>(seq.tokens.size()), seq.sampling);
+  ++seq.num_preemptions;
+  std::erase(admitted_, id);
+  SetState(seq, State::kWaiting);
+}
+
+PlanSeq Scheduler::RunningPlanSeq(const Sequence& seq) const {
+  const bool preemptable = seq.state == State::kRunning && !seq.in_step && !seq.cancelled &&
+                           options_.role != SchedulerRole::kPrefill;
+  int free_on_preempt = 0;
+  if (preemptable) {
+    for (int32_t block : seq.block_table) free_on_preempt += kv_.RefCount(block) == 1;
+  }
   return PlanSeq{.id = seq.id,
                  .prompt_len = seq.prompt_len,
                  .num_tokens = static_cast<int>(seq.tokens.size()),
                  .num_computed = seq.num_computed,
                  .num_blocks = static_cast<int>(seq.block_table.size()),
-                 .reserve_tokens = seq.reserve_tokens,
-                 .admit_blocks = kv_.BlocksForTokens(seq.reserve_tokens),
-                 .ready = seq.state == State::kRunning && !seq.in_step && !seq.cancelled};
+                 .ready = seq.state == State::kRunning && !seq.in_step && !seq.cancelled,
+                 .preemptable = preemptable,
+                 .free_on_preempt = free_on_preempt};
+}
+
+PlanSeq Scheduler::WaitingPlanSeq(Sequence& seq) {
+  PlanSeq p{.id = seq.id,
+            .prompt_len = seq.prompt_len,
+            .num_tokens = static_cast<int>(seq.tokens.size()),
+            .reserve_tokens = seq.reserve_tokens,
+            .admit_blocks = kv_.BlocksForTokens(seq.reserve_tokens)};
+  if (options_.enable_prefix_caching) {
+    const std::span<const uint64_t> lookup = LookupHashes(seq);
+    p.num_computed = kv_.NumCachedBlocks(lookup) * kv_.block_size();
+    p.admit_blocks = kv_.FreeBlocksNeeded(lookup, seq.reserve_tokens);
+  }
+  return p;
 }
 
 int64_t Scheduler::pending_prompt_tokens() const {
   int64_t n = 0;
   for (const auto& [id, seq] : seqs_) {
-    if (seq.state == State::kWaiting || seq.state == State::kRunning) {
+    if (seq.state == State::kWaiting) {
+      n += std::max(0, seq.prompt_len - std::max(seq.num_computed, seq.cached_when_added));
+    } else if (seq.state == State::kRunning) {
       n += std::max(0, seq.prompt_len - seq.num_computed);
     }
   }
   return n;
 }
 
+int Scheduler::num_available_blocks() const {
+  int64_t waiting = 0;
+  for (SeqId id : waiting_) waiting += kv_.BlocksForTokens(seqs_.at(id).reserve_tokens);
+  return static_cast<int>(std::max<int64_t>(0, kv_.num_free_blocks() - waiting));
+}
+
 ScheduledStep Scheduler::Schedule() {
   PlanInput input;
   input.block_size = kv_.block_size();
   input.free_blocks = kv_.num_free_blocks();
+  input.total_blocks = kv_.num_blocks();
   input.num_holding = num_holding();
-  for (SeqId id : admitted_) input.running.push_back(ToPlanSeq(seqs_.at(id)));
-  for (SeqId id : waiting_) input.waiting.push_back(ToPlanSeq(seqs_.at(id)));
+  for (SeqId id : admitted_) input.running.push_back(RunningPlanSeq(seqs_.at(id)));
+  // Waiting sequences past what the free blocks could admit are left out:
+  // the planner admits first come first served and would stop before them.
+  int64_t admit_blocks = 0;
+  for (SeqId id : waiting_) {
+    if (static_cast<int>(input.waiting.size()) + input.num_holding >= options_.plan.max_num_seqs) {
+      break;
+    }
+    input.waiting.push_back(WaitingPlanSeq(seqs_.at(id)));
+    admit_blocks += input.waiting.back().admit_blocks;
+    if (admit_blocks > input.free_blocks) break;
+  }
   const StepPlan plan = PlanStep(input, options_.plan);
 
   ScheduledStep step;
+  for (SeqId id : plan.too_large) {
+    const Sequence& seq = seqs_.at(id);
+    const int tokens = seq.num_computed + 1;
+    step.failed.emplace_back(
+        id, absl::ResourceExhaustedError(absl::StrCat(
+                "sequence of ", tokens, " tokens needs ", kv_.BlocksForTokens(tokens),
+                " blocks of KV: more than the whole cache of ", kv_.num_blocks(), " blocks")));
+    FreeSequence(id);
+  }
+  // Newest first in the plan; back at the head of the queue oldest first.
+  for (SeqId id : plan.preempted) {
+    Preempt(id);
+    waiting_.insert(waiting_.begin(), id);
+  }
+  step.preempted = plan.preempted;
+
+  // Admissions take their cached prefixes first: a fresh block taken for
+  // anyone may evict an evictable cached block another admission counts on.
+  std::unordered_map<SeqId, bool> admitted_ok;
+  for (const PlannedSeq& p : plan.seqs) {
+    if (!p.admit) continue;
+    Sequence& seq = seqs_.at(p.id);
+    std::span<const uint64_t> cached;
+    if (options_.enable_prefix_caching) {
+      const std::span<const uint64_t> lookup = LookupHashes(seq);
+      cached = lookup.first(kv_.NumCachedBlocks(lookup));
+    }
+    const int cached_tokens = static_cast<int>(cached.size()) * kv_.block_size();
+    admitted_ok[p.id] = kv_.AllocateCached(p.id, cached, cached_tokens).ok();
+    seq.num_computed = cached_tokens;
+    seq.committed_blocks = static_cast<int>(cached.size());
+  }
   for (const PlannedSeq& p : plan.seqs) {
     Sequence& seq = seqs_.at(p.id);
     // PlanStep subtracted every block it planned from one free count, so
     // these cannot fail; if they ever do, the sequence just waits.
     if (p.admit) {
-      if (!kv_.Allocate(p.id, seq.reserve_tokens).ok()) continue;
+      if (!admitted_ok[p.id] || !kv_.Reserve(p.id, seq.reserve_tokens).ok()) {
+        kv_.Free(p.id);
+        seq.num_computed = 0;
+        seq.committed_blocks = 0;
+        continue;
+      }
       std::erase(waiting_, p.id);
       admitted_.push_back(p.id);
       SetState(seq, State::kRunning);
+      if (options_.enable_prefix_caching) {
+        step.prefix_query_tokens += static_cast<int>(seq.tokens.size());
+        step.prefix_hit_tokens += seq.num_computed;
+      }
     } else if (p.new_blocks > 0) {
       if (!kv_.Reserve(p.id, seq.num_computed + p.num_new_tokens).ok()) continue;
     }
@@ -177,20 +325,23 @@ ScheduledStep Scheduler::Schedule() {
       const std::span<const int32_t> table = kv_.BlockTable(p.id);
       seq.block_table.assign(table.begin(), table.end());
     }
+    const int num_tokens = static_cast<int>(seq.tokens.size());
+    const int n = std::min(p.num_new_tokens, num_tokens - seq.num_computed);
     seq.in_step = true;
     const std::span<const int32_t> all(seq.tokens);
-    StepSequence s{.tokens = all.subspan(seq.num_computed, p.num_new_tokens),
+    StepSequence s{.tokens = all.subspan(seq.num_computed, n),
                    .num_cached = seq.num_computed,
                    .block_table = seq.block_table};
-    if (p.samples) {
+    if (seq.num_computed + n == num_tokens) {
       s.sampling = &seq.sampling;
       s.history = {.prompt = all.first(seq.prompt_len), .generated = all.subspan(seq.prompt_len)};
     }
+    step.prompt_work |= n > 1 || seq.num_computed < seq.prompt_len;
     step.ids.push_back(p.id);
     step.admitted.push_back(p.admit);
-    step.num_new_tokens.push_back(p.num_new_tokens);
+    step.num_new_tokens.push_back(n);
     step.batch.seqs.push_back(s);
-    step.num_tokens += p.num_new_tokens;
+    step.num_tokens += n;
   }
   return step;
 }
@@ -213,6 +364,7 @@ std::vector<SequenceUpdate> Scheduler::Complete(ScheduledStep& step,
       u.freed = true;
     } else {
       seq.num_computed += step.num_new_tokens[i];
+      CommitComputed(seq);
       if (step.batch.seqs[i].sampling != nullptr) {
         const SampledToken& token = result->sampled[i];
         u.token = token;

@@ -5,12 +5,33 @@
 //   kPrefill    prompts are queued, computed (whole or in chunks), and the
 //               first token sampled; the sequence then holds its blocks
 //               until the KV transfer has read them (Release).
-//   kDecode     a sequence is admitted with blocks reserved for its whole
-//               request while its prompt's KV arrives from a prefill worker
-//               (AddRemote); with the KV and the first token in
-//               (StartDecoding) it decodes one token per step.
-//   kColocated  prompts are queued, prefilled and decoded in one process;
-//               blocks for prompt + max_tokens are reserved at admission.
+//   kDecode     a sequence is admitted with blocks reserved for its prompt
+//               plus a headroom while its prompt's KV arrives from a prefill
+//               worker (AddRemote); with the KV and the first token in
+//               (StartDecoding) it decodes one token per step, taking blocks
+//               as it grows.
+//   kColocated  prompts are queued, prefilled and decoded in one process,
+//               with the same lazy growth.
+//
+// Lazy growth and preemption (kDecode, kColocated, with kv_headroom_tokens
+// >= 0): admission reserves the known tokens plus the headroom; when a
+// running sequence needs a block that is not free, the newest running
+// sequences are preempted: their blocks are freed and they go back to the
+// head of the waiting queue with num_computed = 0, their known tokens
+// (prompt + generated) intact. Readmitted, they are recomputed as a prompt
+// step (in chunks, sharing steps with decodes) whose last token samples the
+// next one, so with seeded sampling the stream goes on exactly as it would
+// have. The oldest running sequence is never preempted for a newer one, and
+// a request that could never fit the whole cache is refused when added, so
+// preemption cannot loop; a sequence that outgrows the whole cache anyway
+// fails (ScheduledStep::failed).
+//
+// Prefix caching (enable_prefix_caching): the full blocks of every sequence
+// are hashed (chained, engine/kvcache) once computed; a sequence is
+// admitted with AllocateCached over its known tokens' block hashes and starts
+// computing after its cached prefix (at least its last token is always
+// computed, so the step samples); blocks of finished, released or preempted
+// sequences stay cached as evictable until reused.
 //
 // Usage, on one engine thread under the engine's lock: Schedule() plans the
 // next step, takes its blocks and returns the StepBatch; the engine runs it
@@ -18,9 +39,6 @@
 // returns one update per sequence of the step. Other threads add, cancel and
 // release sequences under the same lock. A sequence in a step is never freed
 // under the runner: Cancel marks it and Complete frees it.
-//
-// No abort path: every input either fits or waits; a request that can never
-// fit is refused when added.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +46,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +66,12 @@ std::string_view SchedulerRoleName(SchedulerRole role);
 struct SchedulerOptions {
   SchedulerRole role = SchedulerRole::kColocated;
   PlanOptions plan;
+  // Share cached prefixes at admission and keep computed blocks cached.
+  bool enable_prefix_caching = false;
+  // kDecode, kColocated: tokens reserved at admission beyond the known ones
+  // (lazy growth). Never more than prompt + max_tokens - 1 in all; negative:
+  // whole requests are reserved at admission.
+  int kv_headroom_tokens = -1;
 };
 
 // What happened to one sequence of a completed step.
@@ -71,6 +96,16 @@ struct ScheduledStep {
   std::vector<int> num_new_tokens;  // per sequence
   StepBatch batch;                  // spans into the scheduler's sequences
   int num_tokens = 0;               // new tokens of the step
+  bool prompt_work = false;         // some sequence computes more than its newest token
+  // Preempted before this step (blocks freed, queued again); not in `ids`.
+  std::vector<SeqId> preempted;
+  // Sequences that can never fit the cache: failed with this status and
+  // freed; not in `ids`.
+  std::vector<std::pair<SeqId, absl::Status>> failed;
+  // Prefix caching: tokens of the sequences admitted in this step, and how
+  // many of them were found cached.
+  int prefix_query_tokens = 0;
+  int prefix_hit_tokens = 0;
   bool empty() const { return ids.empty(); }
 };
 
@@ -82,12 +117,19 @@ class Scheduler {
     std::vector<int32_t> tokens;  // prompt, then generated tokens
     int prompt_len = 0;
     int num_computed = 0;    // tokens whose K/V is in the cache
-    int reserve_tokens = 0;  // tokens reserved at admission
+    int reserve_tokens = 0;  // tokens reserved at its last admission
     SamplingParams sampling;
     State state = State::kWaiting;
     bool in_step = false;
     bool cancelled = false;
     std::vector<int32_t> block_table;  // copy of the cache manager's
+    int num_preemptions = 0;
+    // Prefix caching: chained hashes of the first full blocks of `tokens`
+    // (extended as needed), how many of this admission's blocks carry their
+    // hash, and the cached prompt tokens seen when it was added.
+    std::vector<uint64_t> block_hashes;
+    int committed_blocks = 0;
+    int cached_when_added = 0;
 
     int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
   };
@@ -96,15 +138,17 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, const ModelConfig& config, int num_blocks,
             int block_size);
 
-  // kPrefill, kColocated: queues a prompt. INVALID_ARGUMENT when its
-  // reservation needs more blocks than the whole cache (it could never run),
-  // ALREADY_EXISTS for a known id.
+  // kPrefill, kColocated: queues a prompt. INVALID_ARGUMENT when the whole
+  // request (kPrefill: its prompt) needs more blocks than the whole cache
+  // (it could never run), ALREADY_EXISTS for a known id.
   absl::Status AddPrompt(SeqId id, std::vector<int32_t> prompt, SamplingParams sampling);
   // kDecode: admits a sequence whose prompt KV will be written from outside
-  // into the returned blocks, reserving `reserve_tokens` tokens now.
-  // RESOURCE_EXHAUSTED when the blocks or max_num_seqs run out.
+  // into the returned blocks (they cover the prompt, plus the headroom).
+  // RESOURCE_EXHAUSTED when the whole request could never fit the cache, or
+  // when blocks (those free beyond what preempted sequences wait for) or
+  // max_num_seqs run out.
   absl::StatusOr<std::span<const int32_t>> AddRemote(SeqId id, std::vector<int32_t> prompt,
-                                                     SamplingParams sampling, int reserve_tokens);
+                                                     SamplingParams sampling);
   // kDecode: the prompt's KV and the first token arrived. Returns the first
   // token's finish reason; when not kNone the sequence is freed.
   absl::StatusOr<FinishReason> StartDecoding(SeqId id, int32_t first_token);
@@ -129,13 +173,30 @@ class Scheduler {
   int num_held() const { return num_in_state_[static_cast<int>(State::kHeld)]; }
   // Sequences holding blocks (running, awaiting KV, held).
   int num_holding() const { return static_cast<int>(admitted_.size()); }
-  // Uncomputed prompt tokens of waiting and running sequences.
+  // Uncomputed prompt tokens of waiting and running sequences (a waiting
+  // prompt's cached prefix, as found when it was added, not counted).
   int64_t pending_prompt_tokens() const;
+  // Free blocks beyond those the waiting sequences need to be admitted:
+  // what a new admission can take without delaying them.
+  int num_available_blocks() const;
+  // Tokens reserved at admission for a sequence that knows `known_tokens`
+  // of a request with this prompt length and sampling.
+  int AdmitReserveTokens(int prompt_len, int known_tokens, const SamplingParams& sampling) const;
 
  private:
   void SetState(Sequence& seq, State state);
   void FreeSequence(SeqId id);
-  PlanSeq ToPlanSeq(const Sequence& seq) const;
+  // Frees a running sequence's blocks and queues it for recomputation.
+  void Preempt(SeqId id);
+  PlanSeq RunningPlanSeq(const Sequence& seq) const;
+  PlanSeq WaitingPlanSeq(Sequence& seq);
+  // Tokens the whole request needs in the cache (kPrefill: the prompt).
+  int FullReserveTokens(int prompt_len, const SamplingParams& sampling) const;
+  // Prefix caching: the hashes admission looks up (full blocks before the
+  // last known token), and committing the hashes of computed full blocks.
+  std::span<const uint64_t> LookupHashes(Sequence& seq);
+  void EnsureHashes(Sequence& seq, int num_blocks);
+  void CommitComputed(Sequence& seq);
 
   const SchedulerOptions options_;
   const ModelConfig& config_;

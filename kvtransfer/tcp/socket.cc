@@ -228,6 +228,41 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(const HostPort& 
   return last;
 }
 
+namespace {
+
+// Sends (or receives) every byte of `iov`, in order, waiting in poll() for
+// the socket until `deadline`.
+absl::Status MoveAll(int fd, std::vector<iovec> iov, bool send, absl::Time deadline) {
+  const char* what = send ? "send" : "recv";
+  size_t next = 0;
+  while (next < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = &iov[next];
+    msg.msg_iovlen = std::min<size_t>(iov.size() - next, IOV_MAX);
+    const ssize_t n =
+        send ? ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n == 0 && !send) return absl::UnavailableError("connection closed by peer");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        absl::Status s = WaitFor(fd, send ? POLLOUT : POLLIN, deadline, what);
+        if (!s.ok()) return s;
+        continue;
+      }
+      return ErrnoStatus(errno, what);
+    }
+    size_t moved = static_cast<size_t>(n);
+    while (next < iov.size() && moved >= iov[next].iov_len) moved -= iov[next++].iov_len;
+    if (next < iov.size()) {
+      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + moved;
+      iov[next].iov_len -= moved;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Connection::WriteAll(std::span<const std::span<const std::byte>> parts,
                                   absl::Time deadline) {
   std::vector<iovec> iov;
@@ -235,48 +270,22 @@ absl::Status Connection::WriteAll(std::span<const std::span<const std::byte>> pa
   for (std::span<const std::byte> p : parts) {
     if (!p.empty()) iov.push_back({const_cast<std::byte*>(p.data()), p.size()});
   }
-  size_t next = 0;
-  while (next < iov.size()) {
-    msghdr msg{};
-    msg.msg_iov = &iov[next];
-    msg.msg_iovlen = std::min<size_t>(iov.size() - next, IOV_MAX);
-    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        absl::Status s = WaitFor(fd_, POLLOUT, deadline, "send");
-        if (!s.ok()) return s;
-        continue;
-      }
-      return ErrnoStatus(errno, "send");
-    }
-    size_t sent = static_cast<size_t>(n);
-    while (next < iov.size() && sent >= iov[next].iov_len) sent -= iov[next++].iov_len;
-    if (next < iov.size()) {
-      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + sent;
-      iov[next].iov_len -= sent;
-    }
-  }
-  return absl::OkStatus();
+  return MoveAll(fd_, std::move(iov), /*send=*/true, deadline);
 }
 
 absl::Status Connection::ReadExact(std::span<std::byte> out, absl::Time deadline) {
-  while (!out.empty()) {
-    const ssize_t n = ::recv(fd_, out.data(), out.size(), MSG_DONTWAIT);
-    if (n > 0) {
-      out = out.subspan(static_cast<size_t>(n));
-      continue;
-    }
-    if (n == 0) return absl::UnavailableError("connection closed by peer");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      absl::Status s = WaitFor(fd_, POLLIN, deadline, "recv");
-      if (!s.ok()) return s;
-      continue;
-    }
-    return ErrnoStatus(errno, "recv");
+  const std::span<std::byte> parts[] = {out};
+  return ReadExact(parts, deadline);
+}
+
+absl::Status Connection::ReadExact(std::span<const std::span<std::byte>> parts,
+                                   absl::Time deadline) {
+  std::vector<iovec> iov;
+  iov.reserve(parts.size());
+  for (std::span<std::byte> p : parts) {
+    if (!p.empty()) iov.push_back({p.data(), p.size()});
   }
-  return absl::OkStatus();
+  return MoveAll(fd_, std::move(iov), /*send=*/false, deadline);
 }
 
 absl::StatusOr<bool> Connection::WaitReadable(absl::Time deadline, const WakeFd* wake) {

@@ -73,6 +73,8 @@ class Connection {
   absl::Status WriteAll(std::span<const std::span<const std::byte>> parts, absl::Time deadline);
   // Fills `out` completely. UNAVAILABLE "connection closed by peer" on EOF.
   absl::Status ReadExact(std::span<std::byte> out, absl::Time deadline);
+  // Fills every span of `parts` completely, in order (a scattered read).
+  absl::Status ReadExact(std::span<const std::span<std::byte>> parts, absl::Time deadline);
   // Blocks until the socket is readable (data, EOF or an error: true) or
   // `wake` (may be null) is signalled (false). DEADLINE_EXCEEDED at `deadline`.
   absl::StatusOr<bool> WaitReadable(absl::Time deadline, const WakeFd* wake);

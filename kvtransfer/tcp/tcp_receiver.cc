@@ -1,11 +1,14 @@
 // TCP KvReceiver (threads and sink contract in tcp_receiver.h, wire format in
 // wire.h).
 //
-// Per-connection protocol, as the handler runs it:
-//   read HEADER (handshake_timeout) -> claim the Expect()ed transfer, check
-//   its spec -> ACK{ok} | ACK{false} + lingering close;
-//   read LAYER* then FINISH (until the transfer's deadline) -> sink.OnLayer
-//   for each layer -> sink.OnComplete(first token) -> final ACK{ok};
+// Per-connection protocol, as the handler runs it, once per transfer:
+//   read HEADER (handshake_timeout for the first, idle_timeout for later
+//   ones) -> claim the Expect()ed transfer, check its spec -> ACK{ok} |
+//   ACK{false} + lingering close;
+//   read LAYER / LAYER_RANGE frames into the blocks, then FINISH (until the
+//   transfer's deadline) -> sink.OnLayer for each chunk ->
+//   sink.OnComplete(first token) -> final ACK{ok}, and wait for the next
+//   HEADER;
 //   any failure -> sink.OnComplete(error) -> ACK{false, error} + lingering close.
 #include "kvtransfer/tcp/tcp_receiver.h"
 
@@ -20,6 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/handshake.h"
+#include "kvtransfer/kv_blocks.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/wire.h"
 
@@ -38,13 +43,26 @@ constexpr absl::Duration kOverloadAckTimeout = absl::Milliseconds(100);
 // One Expect()ed transfer. Owned by transfers_ until it completes; handlers,
 // Cancel() and the timer hold extra references while they work on it.
 struct TcpKvReceiver::Transfer {
-  Transfer(TransferId id, const TransferSpec& spec, std::shared_ptr<ReceiveSink> sink,
-           absl::Duration timeout)
+  Transfer(TransferId id, const TransferSpec& spec, std::vector<int32_t> blocks,
+           std::shared_ptr<ReceiveSink> sink, absl::Duration timeout)
       : id(id),
         spec(spec),
+        blocks(std::move(blocks)),
         sink(std::move(sink)),
         timeout(timeout),
         deadline(absl::Now() + timeout) {}
+
+  // Records why the transfer is being stopped from outside (Cancel, shutdown)
+  // before its connection is cut; the handler then reports this reason
+  // rather than the I/O error the cut causes. The first reason wins.
+  void RequestStop(const absl::Status& why) {
+    absl::MutexLock l(&stop_mu);
+    if (stop_reason.ok()) stop_reason = why;
+  }
+  absl::Status StopReason() {
+    absl::MutexLock l(&stop_mu);
+    return stop_reason;
+  }
 
   // Delivers `result` to the sink unless the transfer already completed.
   // Returns whether this call completed it. Never call with mu_ held.
@@ -72,14 +90,18 @@ struct TcpKvReceiver::Transfer {
 
   const TransferId id;
   const TransferSpec spec;
+  const std::vector<int32_t> blocks;  // destination blocks, from token 0
   const std::shared_ptr<ReceiveSink> sink;
   const absl::Duration timeout;
   const absl::Time deadline;
   // Set once by the handler whose HEADER claims the transfer; from then on that
   // handler owns the deadline. Guarded by the receiver's mu_.
   std::shared_ptr<tcp::Connection> conn;
-  std::atomic<int> layers_received{0};
-  // Serialises sink calls. Once `completed` is set no OnLayer/OnComplete follows.
+  std::atomic<int> layers_received{0};  // layers with all their tokens in
+  absl::Mutex stop_mu;
+  absl::Status stop_reason ABSL_GUARDED_BY(stop_mu);
+  // Serialises sink calls and writes into the blocks. Once `completed` is
+  // set no write, OnLayer or OnComplete follows.
   absl::Mutex sink_mu;
   bool completed ABSL_GUARDED_BY(sink_mu) = false;
   absl::Status outcome ABSL_GUARDED_BY(sink_mu);
@@ -92,12 +114,18 @@ struct TcpKvReceiver::Handler {
   bool finished = false;                  // the thread is exiting; join() will not block
 };
 
-absl::StatusOr<std::unique_ptr<KvReceiver>> TcpKvReceiver::Create(const std::string& bind_host,
-                                                                  int port,
-                                                                  TcpReceiverOptions options) {
+absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(
+    const std::string& bind_host, int port, std::span<const engine::KvRegion> regions,
+    TcpReceiverOptions options) {
   if (options.max_connections < 1 || options.handshake_timeout <= absl::ZeroDuration() ||
-      options.linger < absl::ZeroDuration()) {
+      options.linger < absl::ZeroDuration() || options.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("bad TcpReceiverOptions");
+  }
+  for (const engine::KvRegion& r : regions) {
+    if (r.memory == engine::MemoryKind::kDevice && options.device_staging == nullptr) {
+      return absl::InvalidArgumentError(
+          "kv regions in device memory need device staging for the tcp transport");
+    }
   }
   absl::StatusOr<std::unique_ptr<tcp::Listener>> listener = tcp::Listener::Create(bind_host, port);
   if (!listener.ok()) return listener.status();
@@ -106,8 +134,8 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> TcpKvReceiver::Create(const std::str
   std::string host = options.advertise_host.empty() ? bind_host : options.advertise_host;
   if (host.empty()) host = "0.0.0.0";
   const std::string endpoint = tcp::FormatTcpEndpoint(host, (*listener)->port());
-  std::unique_ptr<TcpKvReceiver> receiver(
-      new TcpKvReceiver(std::move(options), std::move(*listener), std::move(*wake), endpoint));
+  std::unique_ptr<TcpKvReceiver> receiver(new TcpKvReceiver(
+      std::move(options), regions, std::move(*listener), std::move(*wake), endpoint));
   try {
     receiver->accept_thread_ = std::thread([r = receiver.get()] { r->AcceptLoop(); });
     receiver->timer_thread_ = std::thread([r = receiver.get()] { r->TimerLoop(); });
@@ -117,9 +145,11 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> TcpKvReceiver::Create(const std::str
   return receiver;
 }
 
-TcpKvReceiver::TcpKvReceiver(TcpReceiverOptions options, std::unique_ptr<tcp::Listener> listener,
+TcpKvReceiver::TcpKvReceiver(TcpReceiverOptions options, std::span<const engine::KvRegion> regions,
+                             std::unique_ptr<tcp::Listener> listener,
                              std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint)
     : options_(std::move(options)),
+      regions_(regions),
       listener_(std::move(listener)),
       stop_wake_(std::move(stop_wake)),
       endpoint_(std::move(endpoint)) {}
@@ -140,9 +170,10 @@ TcpKvReceiver::~TcpKvReceiver() {
     for (auto& [id, t] : transfers_) pending.push_back(t);
     transfers_.clear();
   }
-  // Sinks first (as in Cancel), then the connections.
+  // As in Cancel: the reason first, then the connections (which stops
+  // writes into the blocks), then the sinks.
   for (const std::shared_ptr<Transfer>& t : pending) {
-    t->Complete(absl::CancelledError(
+    t->RequestStop(absl::CancelledError(
         absl::StrCat("kv receiver shutting down: transfer ", t->id, " cancelled")));
   }
   std::list<Handler> handlers;
@@ -153,18 +184,27 @@ TcpKvReceiver::~TcpKvReceiver() {
     }
     handlers.swap(handlers_);  // list nodes (and Handler*) stay valid
   }
+  for (const std::shared_ptr<Transfer>& t : pending) t->Complete(t->StopReason());
   for (Handler& h : handlers) h.thread.join();
 }
 
 absl::Status TcpKvReceiver::Expect(TransferId id, const TransferSpec& spec,
+                                   std::vector<int32_t> block_table,
                                    std::shared_ptr<ReceiveSink> sink, absl::Duration timeout) {
-  if (absl::Status s = tcp::ValidateSpec(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
+  if (absl::Status s = CheckRegionsMatch(regions_, spec); !s.ok()) return s;
+  for (const engine::KvRegion& r :
+       regions_.first(std::min<size_t>(regions_.size(), spec.num_layers))) {
+    if (absl::Status s = CheckBlockTable(r, block_table, spec.num_tokens); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Expect: ", s.message()));
+    }
+  }
   if (sink == nullptr) return absl::InvalidArgumentError("Expect: null sink");
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Expect: timeout must be positive, got ", absl::FormatDuration(timeout)));
   }
-  auto t = std::make_shared<Transfer>(id, spec, std::move(sink), timeout);
+  auto t = std::make_shared<Transfer>(id, spec, std::move(block_table), std::move(sink), timeout);
   absl::MutexLock l(&mu_);
   if (stopping_) return absl::FailedPreconditionError("kv receiver is shutting down");
   if (!transfers_.try_emplace(id, std::move(t)).second) {
@@ -185,10 +225,14 @@ void TcpKvReceiver::Cancel(TransferId id) {
     transfers_.erase(it);
     conn = t->conn;
   }
-  // Complete first, so the handler's reaction to the shutdown cannot win the
-  // race with an UNAVAILABLE; `completed` stops its later sink calls.
-  t->Complete(absl::CancelledError(absl::StrCat("kv transfer ", id, " cancelled by the receiver")));
+  // The reason first, so the handler's reaction to the cut reports it; the
+  // cut stops a write into the blocks; Complete waits for that write to
+  // return, and `completed` stops the handler's later writes and sink calls.
+  const absl::Status why =
+      absl::CancelledError(absl::StrCat("kv transfer ", id, " cancelled by the receiver"));
+  t->RequestStop(why);
   if (conn != nullptr) conn->Shutdown();
+  t->Complete(why);
 }
 
 bool TcpKvReceiver::Finalize(const std::shared_ptr<Transfer>& t, absl::StatusOr<int32_t> result) {
@@ -252,6 +296,7 @@ void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn) {
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return;
+    ++connections_accepted_;
     if (active_handlers_ < options_.max_connections) {
       handlers_.emplace_back();
       Handler* h = &handlers_.back();
@@ -294,33 +339,51 @@ void TcpKvReceiver::ReapFinishedHandlers() {
 }
 
 void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& conn) {
-  absl::StatusOr<std::shared_ptr<Transfer>> claimed = Claim(conn);
-  if (!claimed.ok()) {
-    RefuseAndClose(*conn, claimed.status());
-    return;
+  for (bool first = true;; first = false) {
+    if (!first) {
+      // Between transfers: the sender keeps the connection in its pool.
+      absl::StatusOr<bool> readable =
+          conn->WaitReadable(absl::Now() + options_.idle_timeout, nullptr);
+      if (!readable.ok()) {
+        conn->Shutdown();
+        return;
+      }
+    }
+    absl::StatusOr<std::shared_ptr<Transfer>> claimed =
+        Claim(conn, absl::Now() + options_.handshake_timeout);
+    if (!claimed.ok()) {
+      RefuseAndClose(*conn, claimed.status());
+      return;
+    }
+    const std::shared_ptr<Transfer>& t = *claimed;
+    absl::StatusOr<int32_t> result = absl::UnknownError("unset");
+    if (absl::Status s =
+            tcp::WriteAckFrame(*conn, absl::OkStatus(), absl::Now() + options_.handshake_timeout);
+        !s.ok()) {
+      result = tcp::WithContext(s, absl::StrCat("kv transfer ", t->id, ": sending handshake ACK"));
+    } else {
+      result = ReceiveLayers(*t, *conn);
+    }
+    if (!result.ok()) {
+      // Cut from outside (Cancel, shutdown): report why, not the cut.
+      if (absl::Status stop = t->StopReason(); !stop.ok()) result = stop;
+    }
+    const bool completed_here = Finalize(t, result);
+    // If Cancel() or shutdown got there first, tell the sender that reason.
+    const absl::Status outcome = completed_here ? result.status() : t->Outcome();
+    if (!outcome.ok()) {
+      RefuseAndClose(*conn, outcome);
+      return;
+    }
+    if (!tcp::WriteAckFrame(*conn, outcome, absl::Now() + options_.handshake_timeout).ok()) {
+      conn->Shutdown();
+      return;
+    }
   }
-  const std::shared_ptr<Transfer>& t = *claimed;
-  absl::StatusOr<int32_t> result = absl::UnknownError("unset");
-  if (absl::Status s =
-          tcp::WriteAckFrame(*conn, absl::OkStatus(), absl::Now() + options_.handshake_timeout);
-      !s.ok()) {
-    result = tcp::WithContext(s, absl::StrCat("kv transfer ", t->id, ": sending handshake ACK"));
-  } else {
-    result = ReceiveLayers(*t, *conn);
-  }
-  const bool completed_here = Finalize(t, result);
-  // If Cancel() or shutdown got there first, tell the sender that reason.
-  const absl::Status outcome = completed_here ? result.status() : t->Outcome();
-  if (outcome.ok()) {
-    tcp::WriteAckFrame(*conn, outcome, absl::Now() + options_.handshake_timeout).IgnoreError();
-    return;
-  }
-  RefuseAndClose(*conn, outcome);
 }
 
 absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
-    const std::shared_ptr<tcp::Connection>& conn) {
-  const absl::Time deadline = absl::Now() + options_.handshake_timeout;
+    const std::shared_ptr<tcp::Connection>& conn, absl::Time deadline) {
   const std::string from = absl::StrCat("kv sender ", conn->peer());
   absl::StatusOr<tcp::FrameHeader> frame = tcp::ReadFrameHeader(*conn, deadline);
   if (!frame.ok()) return tcp::WithContext(frame.status(), from + ": reading HEADER");
@@ -350,12 +413,7 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
           absl::StrCat("kv transfer ", id, " already has a sender connection"));
     }
     t = it->second;
-    refusal = tcp::SpecFromHeader(header, t->spec.bytes_per_element).CheckMatches(t->spec);
-    if (refusal.ok() && header.layout() != tcp::kKvLayout) {
-      refusal = absl::FailedPreconditionError(absl::StrCat("kv transfer layout mismatch: '",
-                                                           tcp::SanitizeUtf8(header.layout(), 256),
-                                                           "' != expected '", tcp::kKvLayout, "'"));
-    }
+    refusal = CheckHeader(header, t->spec);
     if (refusal.ok()) {
       t->conn = conn;
       return t;
@@ -369,13 +427,47 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
   return refusal;
 }
 
+absl::Status TcpKvReceiver::ReadChunk(Transfer& t, tcp::Connection& conn, int layer, int begin,
+                                      int count, bool* io_error) {
+  *io_error = true;
+  const engine::KvRegion& region = regions_[layer];
+  std::vector<std::byte> staged;  // device regions: the rows, before they go to the device
+  if (region.memory == engine::MemoryKind::kDevice) {
+    try {
+      staged.resize(2 * static_cast<size_t>(region.token_bytes()) * count);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", 2 * region.token_bytes() * count, " staging bytes"));
+    }
+    if (absl::Status s = conn.ReadExact(std::span<std::byte>(staged), t.deadline); !s.ok()) {
+      return s;
+    }
+  }
+  absl::MutexLock l(&t.sink_mu);
+  if (t.completed) {  // cancelled or shut down meanwhile: hands off the blocks
+    *io_error = false;
+    return t.outcome;
+  }
+  if (region.memory == engine::MemoryKind::kDevice) {
+    if (absl::Status s = options_.device_staging->FromHost(region, t.blocks, begin, count, staged);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    std::vector<std::span<std::byte>> rows;
+    AppendRowSpans(region, t.blocks, begin, count, &rows);
+    if (absl::Status s = conn.ReadExact(rows, t.deadline); !s.ok()) return s;
+  }
+  *io_error = false;
+  return t.sink->OnLayer(layer, begin, count);
+}
+
 absl::StatusOr<int32_t> TcpKvReceiver::ReceiveLayers(Transfer& t, tcp::Connection& conn) {
   const TransferSpec& spec = t.spec;
-  const size_t layer_bytes = spec.LayerBytes();
+  const int total = spec.num_tokens;
   const std::string where = absl::StrCat("kv transfer ", t.id, " from ", conn.peer());
-  std::vector<bool> have(spec.num_layers, false);
-  std::vector<std::byte> buffer;  // one layer; allocated at the first LAYER frame
-  int received = 0;
+  std::vector<int> next(spec.num_layers, 0);  // per layer: tokens received
+  int received = 0;                           // layers with all their tokens
   // Read errors past the deadline report the timeout, not the I/O symptom.
   auto read_error = [&](const absl::Status& s, absl::string_view what) -> absl::Status {
     if (absl::IsDeadlineExceeded(s) || absl::Now() >= t.deadline) return t.TimeoutError();
@@ -393,45 +485,47 @@ absl::StatusOr<int32_t> TcpKvReceiver::ReceiveLayers(Transfer& t, tcp::Connectio
       return read_error(frame.status(), "reading a frame");
     }
     switch (frame->type) {
-      case tcp::FrameType::kLayer: {
-        if (frame->length != tcp::kLayerIndexBytes + layer_bytes) {
+      case tcp::FrameType::kLayer:
+      case tcp::FrameType::kLayerRange: {
+        const bool whole = frame->type == tcp::FrameType::kLayer;
+        const size_t prefix = whole ? tcp::kLayerIndexBytes : tcp::kRangePrefixBytes;
+        if (whole && frame->length != prefix + spec.LayerBytes()) {
           return invalid(absl::StrCat("LAYER frame of ", frame->length, " bytes, expected ",
-                                      tcp::kLayerIndexBytes + layer_bytes));
+                                      prefix + spec.LayerBytes()));
         }
-        std::array<std::byte, tcp::kLayerIndexBytes> index_bytes;
-        if (absl::Status s = conn.ReadExact(index_bytes, t.deadline); !s.ok()) {
+        std::array<std::byte, tcp::kRangePrefixBytes> prefix_bytes;
+        if (absl::Status s = conn.ReadExact(std::span(prefix_bytes).first(prefix), t.deadline);
+            !s.ok()) {
           return read_error(s, "reading a LAYER frame");
         }
-        const uint32_t layer = tcp::GetU32(index_bytes.data());
+        const uint32_t layer = tcp::GetU32(prefix_bytes.data());
         if (layer >= static_cast<uint32_t>(spec.num_layers)) {
           return invalid(
               absl::StrCat("layer index ", layer, " out of range [0, ", spec.num_layers, ")"));
         }
-        if (have[layer]) return invalid(absl::StrCat("duplicate layer ", layer));
-        if (buffer.empty()) {
-          try {
-            buffer.resize(layer_bytes);
-          } catch (const std::bad_alloc&) {
-            return absl::ResourceExhaustedError(
-                absl::StrCat(where, ": cannot allocate a ", layer_bytes, "-byte layer buffer"));
-          }
+        const uint32_t begin = whole ? 0 : tcp::GetU32(prefix_bytes.data() + 4);
+        const uint32_t count = whole ? total : tcp::GetU32(prefix_bytes.data() + 8);
+        if (next[layer] == total) return invalid(absl::StrCat("duplicate layer ", layer));
+        if (begin != static_cast<uint32_t>(next[layer]) || count == 0 ||
+            count > static_cast<uint32_t>(total - next[layer])) {
+          return invalid(absl::StrCat("layer ", layer, " tokens [", begin, ", +", count,
+                                      ") do not continue its ", next[layer], " of ", total,
+                                      " tokens"));
         }
-        if (absl::Status s = conn.ReadExact(buffer, t.deadline); !s.ok()) {
-          return read_error(s, absl::StrCat("reading layer ", layer));
+        if (frame->length != prefix + 2 * spec.TokenBytes() * count) {
+          return invalid(absl::StrCat(tcp::FrameTypeName(frame->type), " frame of ", frame->length,
+                                      " bytes, expected ", prefix + 2 * spec.TokenBytes() * count));
         }
-        have[layer] = true;
-        ++received;
-        absl::Status accepted;
-        {
-          absl::MutexLock l(&t.sink_mu);
-          if (t.completed) return t.outcome;  // cancelled or shut down meanwhile
-          accepted = t.sink->OnLayer(static_cast<int>(layer), buffer);
+        bool io_error = false;
+        if (absl::Status s = ReadChunk(t, conn, static_cast<int>(layer), static_cast<int>(begin),
+                                       static_cast<int>(count), &io_error);
+            !s.ok()) {
+          if (io_error) return read_error(s, absl::StrCat("reading layer ", layer));
+          if (absl::Status stop = t.StopReason(); !stop.ok()) return stop;
+          return tcp::WithContext(s, absl::StrCat(where, ": kv sink rejected layer ", layer));
         }
-        t.layers_received.store(received);
-        if (!accepted.ok()) {
-          return tcp::WithContext(accepted,
-                                  absl::StrCat(where, ": kv sink rejected layer ", layer));
-        }
+        next[layer] += static_cast<int>(count);
+        if (next[layer] == total) t.layers_received.store(++received);
         break;
       }
       case tcp::FrameType::kFinish: {
@@ -440,7 +534,9 @@ absl::StatusOr<int32_t> TcpKvReceiver::ReceiveLayers(Transfer& t, tcp::Connectio
           return read_error(s, "reading FINISH");
         }
         if (received != spec.num_layers) {
-          const auto missing = std::find(have.begin(), have.end(), false) - have.begin();
+          const auto missing =
+              std::find_if(next.begin(), next.end(), [total](int n) { return n != total; }) -
+              next.begin();
           return absl::FailedPreconditionError(
               absl::StrCat(where, ": FINISH after ", received, " of ", spec.num_layers,
                            " layers (layer ", missing, " missing)"));

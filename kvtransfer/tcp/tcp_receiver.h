@@ -1,24 +1,31 @@
-// TCP KvReceiver: listens on one port; each accepted connection carries one
-// transfer in the wire format of wire.h.
+// TCP KvReceiver: listens on one port; each accepted connection carries
+// transfers one after another in the wire format of wire.h (senders pool
+// their connections), and each chunk's rows are read from the socket
+// straight into the destination blocks (host regions) or through a host
+// staging buffer (device regions).
 //
 // Threads (all owned and joined by the receiver):
 //   accept thread   accepts connections and starts one handler per connection;
 //   timer thread    fails Expect()ed transfers that no sender claimed before
 //                   their deadline (DEADLINE_EXCEEDED);
-//   handler threads run the handshake, read frames, call the sink, time out
-//                   their own transfer at its deadline, and send the ACKs.
+//   handler threads run the handshake, read frames into the blocks, call the
+//                   sink, time out their own transfer at its deadline, send
+//                   the ACKs, and wait (idle_timeout) for the connection's
+//                   next transfer.
 // Sink calls for one transfer never overlap: OnLayer runs on its handler
 // thread; OnComplete runs exactly once, on a handler, the timer, the caller of
-// Cancel(), or the destructor. A sink must not call Cancel() for its own
-// transfer from inside OnLayer (it would wait on itself); it returns an error
-// instead.
+// Cancel(), or the destructor, and after it nothing writes the transfer's
+// blocks. A sink must not call Cancel() for its own transfer from inside
+// OnLayer (it would wait on itself); it returns an error instead.
 #pragma once
 
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +33,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/runtime/model_runner.h"
+#include "kvtransfer/device_staging.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::kvtransfer {
@@ -46,55 +55,82 @@ struct TcpReceiverOptions {
   absl::Duration linger = absl::Seconds(1);
   // Connections beyond this are refused at once.
   int max_connections = 256;
+  // How long a connection may wait between transfers before it is closed
+  // (above the senders' idle_timeout).
+  absl::Duration idle_timeout = absl::Seconds(60);
+  // Stages device regions through host memory; null: device regions are
+  // refused at Create.
+  std::shared_ptr<KvDeviceStaging> device_staging;
 };
 
 class TcpKvReceiver final : public KvReceiver {
  public:
-  // Listens on `bind_host`:`port` (port 0 = any free port).
-  static absl::StatusOr<std::unique_ptr<KvReceiver>> Create(const std::string& bind_host, int port,
-                                                            TcpReceiverOptions options = {});
+  // Listens on `bind_host`:`port` (port 0 = any free port) and writes into
+  // `regions` (the runner's, one per layer; they must outlive the receiver).
+  static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(
+      const std::string& bind_host, int port, std::span<const engine::KvRegion> regions,
+      TcpReceiverOptions options = {});
   // Stops accepting, fails every pending transfer with CANCELLED ("kv
   // receiver shutting down"), closes every connection and joins all threads.
   ~TcpKvReceiver() override;
 
   std::string endpoint() const override { return endpoint_; }
-  // INVALID_ARGUMENT for a bad spec, null sink or non-positive timeout;
-  // ALREADY_EXISTS if `id` is already expected. Thread-safe.
-  absl::Status Expect(TransferId id, const TransferSpec& spec, std::shared_ptr<ReceiveSink> sink,
-                      absl::Duration timeout) override;
-  // Thread-safe; a no-op for an unknown or already completed id. Waits for an
-  // OnLayer call in progress on that transfer to return.
+  // INVALID_ARGUMENT for a bad spec (or one the regions cannot hold), a
+  // block table that does not cover it, a null sink or a non-positive
+  // timeout; ALREADY_EXISTS if `id` is already expected. Thread-safe.
+  absl::Status Expect(TransferId id, const TransferSpec& spec, std::vector<int32_t> block_table,
+                      std::shared_ptr<ReceiveSink> sink, absl::Duration timeout) override;
+  // Thread-safe; a no-op for an unknown or already completed id. Cuts the
+  // transfer's connection and waits for a block write or OnLayer call in
+  // progress on it to return.
   void Cancel(TransferId id) override;
+
+  // Connections accepted so far (senders pool theirs: a steady stream of
+  // transfers from one sender reuses a few).
+  int connections_accepted() const {
+    absl::MutexLock l(&mu_);
+    return connections_accepted_;
+  }
 
  private:
   struct Transfer;
   struct Handler;
 
-  TcpKvReceiver(TcpReceiverOptions options, std::unique_ptr<tcp::Listener> listener,
-                std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint);
+  TcpKvReceiver(TcpReceiverOptions options, std::span<const engine::KvRegion> regions,
+                std::unique_ptr<tcp::Listener> listener, std::unique_ptr<tcp::WakeFd> stop_wake,
+                std::string endpoint);
 
   void AcceptLoop();
   void TimerLoop();
   void StartHandler(std::shared_ptr<tcp::Connection> conn);
   void ReapFinishedHandlers();
-  // Handler thread body: one connection, at most one transfer.
+  // Handler thread body: one connection, its transfers one after another.
   void HandleConnection(const std::shared_ptr<tcp::Connection>& conn);
   // Handshake: the claimed transfer, or the reason to refuse the connection.
-  absl::StatusOr<std::shared_ptr<Transfer>> Claim(const std::shared_ptr<tcp::Connection>& conn);
-  // Streams LAYER frames into the sink until FINISH (the first token) or a failure.
+  // The HEADER must arrive by `deadline`.
+  absl::StatusOr<std::shared_ptr<Transfer>> Claim(const std::shared_ptr<tcp::Connection>& conn,
+                                                  absl::Time deadline);
+  // Streams chunk frames into the blocks until FINISH (the first token) or a failure.
   absl::StatusOr<int32_t> ReceiveLayers(Transfer& t, tcp::Connection& conn);
+  // Reads one chunk's rows (K then V) into the transfer's blocks and tells
+  // the sink. Holds the transfer's sink lock while it writes. `io_error`
+  // says whether a failure came from the connection.
+  absl::Status ReadChunk(Transfer& t, tcp::Connection& conn, int layer, int begin, int count,
+                         bool* io_error);
   // Removes `t` from transfers_ and completes it; false if it had completed.
   bool Finalize(const std::shared_ptr<Transfer>& t, absl::StatusOr<int32_t> result);
   // Sends ACK{false} and closes after a bounded drain of the sender's data.
   void RefuseAndClose(tcp::Connection& conn, const absl::Status& why);
 
   const TcpReceiverOptions options_;
+  const std::span<const engine::KvRegion> regions_;
   const std::unique_ptr<tcp::Listener> listener_;
   const std::unique_ptr<tcp::WakeFd> stop_wake_;  // wakes the accept thread
   const std::string endpoint_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int connections_accepted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::CondVar timer_cv_;  // signalled on Expect and on stop
   absl::flat_hash_map<TransferId, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   std::list<Handler> handlers_ ABSL_GUARDED_BY(mu_);

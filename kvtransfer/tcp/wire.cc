@@ -3,6 +3,7 @@
 #include "kvtransfer/tcp/wire.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -88,6 +89,8 @@ absl::string_view FrameTypeName(FrameType type) {
       return "FINISH";
     case FrameType::kAbort:
       return "ABORT";
+    case FrameType::kLayerRange:
+      return "LAYER_RANGE";
   }
   return "UNKNOWN";
 }
@@ -113,6 +116,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte, kFrameH
       min_length = kLayerIndexBytes;
       max_length = kLayerIndexBytes + kMaxLayerBytes;
       break;
+    case static_cast<uint32_t>(FrameType::kLayerRange):
+      min_length = kRangePrefixBytes;
+      max_length = kRangePrefixBytes + kMaxLayerBytes;
+      break;
     case static_cast<uint32_t>(FrameType::kFinish):
       min_length = max_length = kFinishPayloadBytes;
       break;
@@ -128,57 +135,6 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte, kFrameH
   return header;
 }
 
-absl::Status ValidateSpec(const TransferSpec& spec) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid kv transfer spec (", why, "): ", spec.DebugString()));
-  };
-  if (spec.num_layers <= 0 || spec.num_kv_heads <= 0 || spec.head_dim <= 0 ||
-      spec.num_tokens <= 0 || spec.bytes_per_element <= 0) {
-    return bad("every dimension must be positive");
-  }
-  if (spec.dtype.empty() || spec.dtype.size() > 32) return bad("dtype must be 1..32 chars");
-  int want_bytes = 0;
-  if (spec.dtype == "f32") want_bytes = 4;
-  if (spec.dtype == "f16" || spec.dtype == "bf16") want_bytes = 2;
-  if (want_bytes != 0 && spec.bytes_per_element != want_bytes) {
-    return bad(absl::StrCat(spec.dtype, " has ", want_bytes, " bytes per element"));
-  }
-  // Overflow-safe: each factor is < 2^31, so check stepwise against the cap.
-  uint64_t bytes = 2;
-  for (int f : {spec.num_tokens, spec.num_kv_heads, spec.head_dim, spec.bytes_per_element}) {
-    bytes *= static_cast<uint64_t>(f);
-    if (bytes > kMaxLayerBytes)
-      return bad(absl::StrCat("layer exceeds ", kMaxLayerBytes, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-internal::v1::KvTransferHeader MakeHeader(TransferId id, const TransferSpec& spec) {
-  internal::v1::KvTransferHeader h;
-  h.set_transfer_id(id);
-  h.set_model_fingerprint(spec.model_fingerprint);
-  h.set_dtype(spec.dtype);
-  h.set_num_layers(spec.num_layers);
-  h.set_num_kv_heads(spec.num_kv_heads);
-  h.set_head_dim(spec.head_dim);
-  h.set_num_tokens(spec.num_tokens);
-  h.set_layout(std::string(kKvLayout));
-  return h;
-}
-
-TransferSpec SpecFromHeader(const internal::v1::KvTransferHeader& header, int bytes_per_element) {
-  TransferSpec spec;
-  spec.model_fingerprint = header.model_fingerprint();
-  spec.dtype = header.dtype();
-  spec.num_layers = header.num_layers();
-  spec.num_kv_heads = header.num_kv_heads();
-  spec.head_dim = header.head_dim();
-  spec.num_tokens = header.num_tokens();
-  spec.bytes_per_element = bytes_per_element;
-  return spec;
-}
-
 absl::Status WriteFrame(Connection& conn, FrameType type, std::span<const std::byte> payload,
                         absl::Time deadline) {
   const auto header = EncodeFrameHeader(type, payload.size());
@@ -188,10 +144,29 @@ absl::Status WriteFrame(Connection& conn, FrameType type, std::span<const std::b
 
 absl::Status WriteLayerFrame(Connection& conn, int layer, std::span<const std::byte> payload,
                              absl::Time deadline) {
-  const auto header = EncodeFrameHeader(FrameType::kLayer, kLayerIndexBytes + payload.size());
-  std::array<std::byte, kLayerIndexBytes> index;
-  PutU32(static_cast<uint32_t>(layer), index.data());
-  const std::span<const std::byte> parts[] = {header, index, payload};
+  const std::span<const std::byte> rows[] = {payload};
+  return WriteChunkFrame(conn, layer, 0, 1, 1, rows, deadline);
+}
+
+absl::Status WriteChunkFrame(Connection& conn, int layer, int token_begin, int num_tokens,
+                             int total_tokens, std::span<const std::span<const std::byte>> rows,
+                             absl::Time deadline) {
+  size_t bytes = 0;
+  for (std::span<const std::byte> r : rows) bytes += r.size();
+  const bool whole = token_begin == 0 && num_tokens == total_tokens;
+  std::array<std::byte, kRangePrefixBytes> prefix;
+  PutU32(static_cast<uint32_t>(layer), prefix.data());
+  PutU32(static_cast<uint32_t>(token_begin), prefix.data() + 4);
+  PutU32(static_cast<uint32_t>(num_tokens), prefix.data() + 8);
+  const std::span<const std::byte> prefix_bytes =
+      std::span<const std::byte>(prefix).first(whole ? kLayerIndexBytes : kRangePrefixBytes);
+  const auto header = EncodeFrameHeader(whole ? FrameType::kLayer : FrameType::kLayerRange,
+                                        prefix_bytes.size() + bytes);
+  std::vector<std::span<const std::byte>> parts;
+  parts.reserve(rows.size() + 2);
+  parts.push_back(header);
+  parts.push_back(prefix_bytes);
+  parts.insert(parts.end(), rows.begin(), rows.end());
   return conn.WriteAll(parts, deadline);
 }
 

@@ -1,26 +1,34 @@
-// Wire format of the TCP kv transport. One connection carries one transfer.
+// Wire format of the TCP kv transport. A connection carries one transfer at
+// a time; after a transfer's final ACK{ok} it may carry the next HEADER
+// (senders pool connections per receiver). Any failure closes it.
 //
 // Frame:  [u32 LE type][u64 LE payload length][payload]
-//   HEADER 1  sender->receiver  serialized internal.v1.KvTransferHeader
-//   ACK    2  receiver->sender  serialized internal.v1.KvTransferAck
-//   LAYER  3  sender->receiver  [u32 LE layer index][TransferSpec::LayerBytes() bytes:
-//                                K[T,H,D] then V[T,H,D], token-major]
-//   FINISH 4  sender->receiver  [i32 LE first token]
-//   ABORT  5  sender->receiver  utf-8 error message
+//   HEADER      1  sender->receiver  serialized internal.v1.KvTransferHeader
+//   ACK         2  receiver->sender  serialized internal.v1.KvTransferAck
+//   LAYER       3  sender->receiver  [u32 LE layer index][TransferSpec::LayerBytes() bytes:
+//                                     K[T,H,D] then V[T,H,D], token-major]
+//   FINISH      4  sender->receiver  [i32 LE first token]
+//   ABORT       5  sender->receiver  utf-8 error message
+//   LAYER_RANGE 6  sender->receiver  [u32 LE layer][u32 LE first token][u32 LE tokens n]
+//                                     [K[n,H,D] then V[n,H,D]]
+// LAYER is LAYER_RANGE for all T tokens of a layer. The payload is the rows
+// themselves, whatever the block layout of either side: each side gathers
+// or scatters them from or to its own blocks.
 //
-// Flow:
+// Flow, per transfer:
 //   sender   HEADER
 //   receiver ACK{ok} | ACK{ok=false, error} and close   (transfer id expected? spec matches?)
-//   sender   LAYER x num_layers (any order, each once), then FINISH
-//   receiver ACK{ok} | ACK{ok=false, error}              (all layers, sink accepted them)
+//   sender   LAYER / LAYER_RANGE frames (layers in any order; a layer's token
+//            ranges in order, contiguous, each token once), then FINISH
+//   receiver ACK{ok} | ACK{ok=false, error}              (all tokens, sink accepted them)
 // The sender may send ABORT in place of any frame after HEADER; the receiver
 // fails the transfer with its message. A receiver that fails mid-transfer
 // sends ACK{ok=false} early and closes; senders watch for it between frames.
 //
 // Every frame is validated on read: unknown type, a length above the type's
-// cap, a layer index out of range or repeated, or a payload of the wrong size
-// fails the transfer with INVALID_ARGUMENT; nothing is allocated from an
-// unchecked length.
+// cap, a layer index out of range, a token range that does not continue the
+// layer's, or a payload of the wrong size fails the transfer with
+// INVALID_ARGUMENT; nothing is allocated from an unchecked length.
 #pragma once
 
 #include <array>
@@ -35,7 +43,7 @@
 #include "absl/time/time.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/transport.h"
-#include "pdserve/internal/v1/worker.pb.h"
+#include "pdserve/internal/v1/kv_transfer.pb.h"
 
 namespace pdserve::kvtransfer::tcp {
 
@@ -45,17 +53,16 @@ enum class FrameType : uint32_t {
   kLayer = 3,
   kFinish = 4,
   kAbort = 5,
+  kLayerRange = 6,
 };
 
 inline constexpr size_t kFrameHeaderBytes = 12;
 // HEADER, ACK and ABORT payloads are at most this long.
 inline constexpr uint64_t kMaxControlPayloadBytes = 64 * 1024;
-// Largest layer payload either side accepts (a spec asking more is invalid).
-inline constexpr uint64_t kMaxLayerBytes = uint64_t{4} << 30;
 inline constexpr size_t kLayerIndexBytes = 4;
+// LAYER_RANGE's prefix: layer, first token, token count.
+inline constexpr size_t kRangePrefixBytes = 12;
 inline constexpr size_t kFinishPayloadBytes = 4;
-// The only layer layout this transport moves (KvTransferHeader.layout).
-inline constexpr absl::string_view kKvLayout = "K[T,H,D] V[T,H,D]";
 
 struct FrameHeader {
   FrameType type;
@@ -65,7 +72,7 @@ struct FrameHeader {
 absl::string_view FrameTypeName(FrameType type);
 std::array<std::byte, kFrameHeaderBytes> EncodeFrameHeader(FrameType type, uint64_t length);
 // INVALID_ARGUMENT for an unknown type or a length outside the type's bounds
-// (LAYER: index + at most kMaxLayerBytes; FINISH: exactly 4).
+// (LAYER, LAYER_RANGE: prefix + at most kMaxLayerBytes; FINISH: exactly 4).
 absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte, kFrameHeaderBytes> bytes);
 
 // `s` cut to at most `max_bytes`, with bytes that are not valid UTF-8
@@ -75,20 +82,18 @@ std::string SanitizeUtf8(absl::string_view s, size_t max_bytes);
 void PutU32(uint32_t v, std::byte* out);
 uint32_t GetU32(const std::byte* in);
 
-// INVALID_ARGUMENT unless every dimension is positive, the layer fits
-// kMaxLayerBytes and a known dtype has its element size (f32 4, f16/bf16 2).
-absl::Status ValidateSpec(const TransferSpec& spec);
-
-internal::v1::KvTransferHeader MakeHeader(TransferId id, const TransferSpec& spec);
-// The spec `header` announces. The header carries no element size (the dtype
-// implies it), so `bytes_per_element` comes from the receiver's expectation.
-TransferSpec SpecFromHeader(const internal::v1::KvTransferHeader& header, int bytes_per_element);
-
 // ---- Frame I/O on a connection (one reader, one writer thread) ----
 
 absl::Status WriteFrame(Connection& conn, FrameType type, std::span<const std::byte> payload,
                         absl::Time deadline);
+// A whole layer as one LAYER frame (K then V in `payload`).
 absl::Status WriteLayerFrame(Connection& conn, int layer, std::span<const std::byte> payload,
+                             absl::Time deadline);
+// Tokens [token_begin, token_begin + num_tokens) of `layer`, whose rows are
+// `rows` in the wire order (K rows, then V rows): LAYER when they are all
+// `total_tokens` of the layer, else LAYER_RANGE.
+absl::Status WriteChunkFrame(Connection& conn, int layer, int token_begin, int num_tokens,
+                             int total_tokens, std::span<const std::span<const std::byte>> rows,
                              absl::Time deadline);
 absl::Status WriteFinishFrame(Connection& conn, int32_t first_token, absl::Time deadline);
 // ACK{ok} for an OK status, else ACK{ok=false, error=status.message()}.

@@ -27,7 +27,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # a Make{Gauge,Counter,Histogram}(r, "name", ...) helper or directly with
 # Build{Gauge,Counter,Histogram}().Name("name"), across line breaks.
 registered=$(
-  for f in "$src"/common/*_metrics.cc "$src"/router/*_metrics.cc \
+  for f in "$src"/common/*_metrics.cc "$src"/frontend/*_metrics.cc "$src"/router/*_metrics.cc \
            "$src"/prefill_worker/*_metrics.cc "$src"/decode_worker/*_metrics.cc; do
     [ -f "$f" ] || continue
     tr '\n' ' ' < "$f" | sed 's/  */ /g' |

@@ -13,7 +13,10 @@ mkdir -p "$out"
 for overlay in cpu gpu; do
   kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$out/$overlay.yaml" 2> "$out/$overlay.err" || {
     cat "$out/$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
-  for want in "Deployment 3" "Service 3" "PodDisruptionBudget 2" "ServiceMonitor 3" "ScaledObject 2" "NetworkPolicy 4" \
+  # The gpu overlay adds the NCCL port-range policies between the pools.
+  policies=4
+  [ "$overlay" = gpu ] && policies=6
+  for want in "Deployment 3" "Service 3" "PodDisruptionBudget 2" "ServiceMonitor 3" "ScaledObject 2" "NetworkPolicy $policies" \
               "PrometheusRule 1" "ConfigMap 1" "PersistentVolumeClaim 1" "Namespace 1"; do
     set -- $want
     got=$(grep -c "^kind: $1\$" "$out/$overlay.yaml" || true)
@@ -33,6 +36,8 @@ done
 grep -q -- '--backend=cpu' "$out/cpu.yaml" && grep -q -- '--threads=' "$out/cpu.yaml" || { echo "FAIL: cpu overlay args"; exit 1; }
 ! grep -q 'nvidia.com/gpu:' "$out/cpu.yaml" || { echo "FAIL: cpu overlay requests GPUs"; exit 1; }
 grep -q -- '--backend=cuda' "$out/gpu.yaml" || { echo "FAIL: gpu overlay args"; exit 1; }
+grep -q -- '--kv_transport=nccl' "$out/gpu.yaml" || { echo "FAIL: gpu overlay moves KV over tcp"; exit 1; }
+! grep -q -- '--kv_transport=nccl' "$out/cpu.yaml" || { echo "FAIL: cpu overlay asks for nccl"; exit 1; }
 n_gpu=$(grep -c '^ *nvidia.com/gpu: "1"$' "$out/gpu.yaml" || true)
 # requests and limits of the prefill and decode containers
 [ "$n_gpu" = 4 ] || { echo "FAIL: gpu overlay: $n_gpu nvidia.com/gpu entries, want requests and limits of both pools (4)"; exit 1; }

@@ -12,7 +12,10 @@
 //     grpc from the router, decode KV from prefill, metrics from Prometheus);
 //   - images: the router runs the CPU image and no container is given
 //     NVIDIA_* settings by the manifests; GPU workers get a memory-backed
-//     /dev/shm and NCCL_SOCKET_IFNAME.
+//     /dev/shm and NCCL_SOCKET_IFNAME;
+//   - NCCL (--kv_transport=nccl): a port range (endPort) admits only pods of
+//     the release, each pool pins its ephemeral ports
+//     (net.ipv4.ip_local_port_range) and the other pool can reach them.
 //
 //   node policy_check.mjs [--partial] [--rules IGNORED] FILE.yaml...
 // --partial: the base files as written (no overlay): the GPU checks are
@@ -116,6 +119,34 @@ for (const pod of pods) {
       if (component === "decode" && port.name === "kv" && !from("prefill")) fail(pw, "prefill workers cannot send KV to it");
     }
   }
+}
+
+// NCCL between the GPU pools: port ranges admit only the release, and each
+// nccl worker's ephemeral range (where NCCL listens) is open to the other pool.
+for (const np of policies) {
+  for (const rule of np.spec.ingress ?? []) {
+    for (const p of rule.ports ?? []) {
+      if (p.endPort !== undefined && sourceKinds(rule).some((s) => s.kind !== "release")) {
+        fail(`NetworkPolicy/${np.metadata.name}`, `ports ${p.port}-${p.endPort} admit sources outside the release`);
+      }
+    }
+  }
+}
+for (const pod of pods) {
+  if (!pod.spec.containers.some((c) => (c.args ?? []).includes("--kv_transport=nccl"))) continue;
+  const range = (pod.spec.securityContext?.sysctls ?? []).find((s) => s.name === "net.ipv4.ip_local_port_range");
+  if (!range) {
+    fail(pod.where, "--kv_transport=nccl without a pinned net.ipv4.ip_local_port_range (where NCCL listens)");
+    continue;
+  }
+  const [lo, hi] = String(range.value).trim().split(/\s+/).map(Number);
+  const peer = pod.labels["app.kubernetes.io/component"] === "decode" ? "prefill" : "decode";
+  const open = policies
+    .filter((np) => matches(np.spec.podSelector?.matchLabels, pod.labels))
+    .some((np) => (np.spec.ingress ?? []).some((r) =>
+      (r.ports ?? []).some((p) => p.port <= lo && (p.endPort ?? p.port) >= hi) &&
+      sourceKinds(r).some((s) => s.kind === "release" && matches(s.selector, podOf(peer)?.labels))));
+  if (!open) fail(pod.where, `the ${peer} pool cannot reach its NCCL ports ${lo}-${hi}`);
 }
 
 // 3. Images and GPU settings.

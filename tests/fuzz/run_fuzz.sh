@@ -1,39 +1,76 @@
 #!/usr/bin/env bash
-# Builds the safetensors header fuzzer (tests/fuzz/safetensors_fuzz.cc) with
-# clang, libFuzzer, ASan and UBSan in its own build directory, writes a small
-# seed corpus and a dictionary, and runs the fuzzer for a bounded time.
+# Builds the fuzzers (tests/fuzz/*_fuzz.cc: the safetensors header reader,
+# and GenerateRequest bytes through the front end's decoding, validation and
+# prompt building) with clang, libFuzzer, ASan and UBSan in their own build
+# directory, writes small seed corpora and dictionaries, and runs each fuzzer
+# for a bounded time. Every library of that build is instrumented
+# (-fsanitize=fuzzer-no-link, address, undefined).
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz]
+#   tests/fuzz/run_fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz] [FUZZER=all]
 #
-# Needs clang and libFuzzer's runtime. On Debian 12:
-#   apt-get install clang libclang-rt-14-dev libomp-14-dev
-# (libclang-rt-14-dev ships libclang_rt.fuzzer; libomp-14-dev lets the
-# project's OpenMP check pass under clang.) Crashing inputs are written to
-# BUILD_DIR/fuzz_artifacts/; exit status is the fuzzer's (0: no crash).
+# FUZZER: safetensors_fuzz, generate_request_fuzz, or all (each runs SECONDS).
+#
+# Needs clang and libFuzzer's runtime; the newest clang with a runtime is
+# used (CLANG=clang++-NN picks one). On Debian 12:
+#   apt-get install clang-16 libclang-rt-16-dev libomp-16-dev
+# (libclang-rt-NN-dev ships libclang_rt.fuzzer; libomp-NN-dev lets the
+# project's OpenMP check pass under clang). clang 14 compiles
+# safetensors_fuzz but not the front end's dependencies: it cannot compile
+# libstdc++ 12's <ranges>, which engine/runtime/sampler.cc uses. Crashing
+# inputs are written to BUILD_DIR/fuzz_artifacts/; exit status is the
+# fuzzers' (0: no crash).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 seconds="${1:-60}"
 build="${2:-$root/build-fuzz}"
+which="${3:-all}"
 jobs="${JOBS:-2}"
 
-if ! command -v clang++ >/dev/null; then
-  echo "run_fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2
+cxx="${CLANG:-}"
+if [ -z "$cxx" ]; then
+  for v in 19 18 17 16 15 14; do
+    if command -v "clang++-$v" >/dev/null &&
+       ls /usr/lib/llvm-"$v"/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1; then
+      cxx="clang++-$v"
+      break
+    fi
+  done
+fi
+if [ -z "$cxx" ]; then
+  echo "run_fuzz.sh: no clang++ with a libFuzzer runtime (apt-get install clang-16 libclang-rt-16-dev)" >&2
   exit 2
 fi
-if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1; then
-  echo "run_fuzz.sh: libFuzzer runtime not found (apt-get install libclang-rt-14-dev)" >&2
-  exit 2
-fi
+cc="${cxx/clang++/clang}"
 
+instrument="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_C_FLAGS="$instrument" -DCMAKE_CXX_FLAGS="$instrument" \
   -DPDSERVE_FUZZ=ON -DPDSERVE_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j"$jobs" --target safetensors_fuzz
-
-corpus="$build/fuzz_corpus/safetensors"
+case "$which" in
+  all) targets=(safetensors_fuzz generate_request_fuzz) ;;
+  safetensors_fuzz | generate_request_fuzz) targets=("$which") ;;
+  *) echo "run_fuzz.sh: unknown fuzzer $which" >&2; exit 2 ;;
+esac
+cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+status=0
 artifacts="$build/fuzz_artifacts/"
-mkdir -p "$corpus" "$artifacts"
+mkdir -p "$artifacts"
+
+# Runs fuzzer NAME for $seconds on its corpus and dictionary
+# (BUILD_DIR/fuzz_corpus/NAME[.dict], written by its seed function).
+fuzz() {  # NAME MAX_LEN
+  local corpus="$build/fuzz_corpus/$1"
+  echo "run_fuzz.sh: ${1}_fuzz for ${seconds}s (corpus $corpus)"
+  "$build/tests/fuzz/${1}_fuzz" -max_total_time="$seconds" -max_len="$2" \
+    -dict="$build/fuzz_corpus/$1.dict" -artifact_prefix="$artifacts" \
+    -print_final_stats=1 "$corpus"
+}
+
+seed_safetensors() {
+corpus="$build/fuzz_corpus/safetensors"
+mkdir -p "$corpus"
 # Seeds: valid files of each float dtype (scalar, empty and 2-D tensors,
 # metadata, padding) and a few near-misses the parser must refuse.
 python3 - "$corpus" <<'PY'
@@ -77,8 +114,67 @@ cat > "$build/fuzz_corpus/safetensors.dict" <<'DICT'
 "format"
 "pt"
 DICT
+}
 
-echo "run_fuzz.sh: fuzzing for ${seconds}s (corpus $corpus)"
-"$build/tests/fuzz/safetensors_fuzz" -max_total_time="$seconds" -max_len=4096 \
-  -dict="$build/fuzz_corpus/safetensors.dict" -artifact_prefix="$artifacts" \
-  -print_final_stats=1 "$corpus"
+# Seeds: GenerateRequests of every input kind (text, token ids, chat with
+# template kwargs), with sampling fields and stop strings, and near-misses
+# (invalid UTF-8, a truncated field), in protobuf wire format.
+seed_generate_request() {
+corpus="$build/fuzz_corpus/generate_request"
+mkdir -p "$corpus"
+python3 - "$corpus" <<'PY'
+import os, struct, sys
+out = sys.argv[1]
+def varint(n):
+    b = b""
+    while True:
+        x = n & 0x7F
+        n >>= 7
+        if n:
+            b += bytes([x | 0x80])
+        else:
+            return b + bytes([x])
+def ld(num, payload):  # length-delimited field
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+def vi(num, value):  # varint field
+    return varint(num << 3) + varint(value)
+def f32(num, value):
+    return varint(num << 3 | 5) + struct.pack("<f", value)
+def write(name, data):
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
+sampling = ld(4, vi(5, 8) + f32(1, 0.7) + vi(2, 40) + f32(3, 0.9) + vi(4, 7) + ld(12, "END")
+              + ld(12, "\n\n") + vi(13, 1) + vi(14, 2))
+write("text", ld(1, "req-1") + ld(2, "Hello, w\u00f6rld \u2603") + vi(5, 1) + sampling)
+write("token_ids", ld(3, ld(1, b"".join(varint(t) for t in [256, 72, 105, 299]))) + ld(4, vi(5, 4)))
+chat = ld(6, ld(1, ld(1, "system") + ld(2, "Be brief.")) + ld(1, ld(1, "user") + ld(2, "Hi <|eot_id|>"))
+          + ld(2, ld(1, "enable_thinking") + vi(2, 0)))
+write("chat", chat + ld(4, vi(5, 16)))
+write("bad_role", ld(6, ld(1, ld(1, "narrator") + ld(2, "x"))) + ld(4, vi(5, 2)))
+write("invalid_utf8", ld(2, b"caf\xc3") + ld(4, vi(5, 2)))
+write("truncated", ld(2, "abc")[:-1])
+PY
+cat > "$build/fuzz_corpus/generate_request.dict" <<'DICT'
+"system"
+"user"
+"assistant"
+"tool"
+"<|begin_of_text|>"
+"<|eot_id|>"
+"<|start_header_id|>"
+"enable_thinking"
+"add_generation_prompt"
+"\xc3"
+"\xe2\x98\x83"
+DICT
+}
+
+for t in "${targets[@]}"; do
+  case "$t" in
+    safetensors_fuzz) seed_safetensors && fuzz safetensors 4096 || status=$? ;;
+    generate_request_fuzz) seed_generate_request && fuzz generate_request 8192 || status=$? ;;
+  esac
+done
+exit $status

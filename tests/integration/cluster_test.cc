@@ -3,8 +3,10 @@
 // equal the same engine run in one process, token for token.
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/generator.h"
 #include "tools/model_writer.h"
 #include "engine/runner_factory.h"
@@ -182,11 +184,7 @@ TEST_F(ClusterTest, StopStringIsMatchedAcrossTokensAndNotLeaked) {
   }
   ASSERT_GE(full.size(), 20u);
   // A whole-character stop string from the middle of the continuation.
-  size_t begin = 10;
-  while (begin < full.size() && (static_cast<unsigned char>(full[begin]) & 0xC0) == 0x80) ++begin;
-  size_t end = begin + 1;
-  while (end < full.size() && (static_cast<unsigned char>(full[end]) & 0xC0) == 0x80) ++end;
-  const std::string stop = full.substr(begin, end - begin);
+  const std::string stop = CharacterAt(full, 10);
   const size_t at = full.find(stop);
   size_t expected_tokens = 0;
   while (text_after[expected_tokens] < at + stop.size()) ++expected_tokens;
@@ -330,6 +328,90 @@ TEST_F(ClusterTest, CancelAndDeadlineFreeKvOnBothWorkers) {
         << s.error_message();
   }
   EXPECT_TRUE(WaitKvFreed(absl::Seconds(10))) << "KV not freed after cancellations";
+}
+
+TEST_F(ClusterTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
+  auto stub = cluster_->NewClient();
+  // protobuf's C++ serializer logs such strings but sends them, as other
+  // clients may.
+  v1::GenerateRequest text = TokenRequest({}, 4);
+  text.set_text("caf\xC3");
+  StreamResult got = RunGenerate(*stub, text);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(got.status.error_message(), "text is not valid UTF-8");
+  v1::GenerateRequest chat = TokenRequest({}, 4);
+  chat.mutable_chat()->add_messages()->set_content("fine");
+  chat.mutable_chat()->add_messages()->set_content("\xFF");
+  got = RunGenerate(*stub, chat);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(got.status.error_message(), "chat.messages[1].content is not valid UTF-8");
+  v1::GenerateRequest stop = TokenRequest({1, 2}, 4);
+  stop.mutable_sampling()->add_stop("\xE2\x82");
+  got = RunGenerate(*stub, stop);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(got.status.error_message(), "sampling.stop[0] is not valid UTF-8");
+}
+
+// pdserve_requests_total counts every call once, by how it ended.
+TEST_F(ClusterTest, EveryCallIsCountedOnceByHowItEnded) {
+  auto stub = cluster_->NewClient();
+  auto counts = [&] {
+    auto text = HttpGet(cluster_->router_metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok());
+    std::map<std::string, double> out;
+    for (const char* label : {"length", "stop", "context", "cancelled", "deadline", "error",
+                              "rejected"}) {
+      out[label] = MetricValue(*text, absl::StrCat("pdserve_requests_total{finish_reason=\"",
+                                                   label, "\"}"));
+    }
+    return out;
+  };
+  const auto before = counts();
+  // Deadlines that expire mid-stream.
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(30)));
+    v1::GenerateRequest request = TokenRequest(std::vector<int32_t>(64, 9 + i), 440);
+    request.mutable_sampling()->set_ignore_eos(true);
+    auto reader = stub->Generate(&ctx, request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // Cancelled after the first message, and while the client read nothing.
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest request = TokenRequest({256, 10, 20, static_cast<int32_t>(30 + i)}, 400);
+    request.mutable_sampling()->set_ignore_eos(true);
+    auto reader = stub->Generate(&ctx, request);
+    v1::GenerateResponse response;
+    if (i == 0) {
+      EXPECT_TRUE(reader->Read(&response));
+    } else {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ctx.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // Refused, and served to the end.
+  EXPECT_EQ(RunGenerate(*stub, TokenRequest({1, 100000}, 4)).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest ok = TokenRequest({256, 1, 2}, 3);
+  ok.mutable_sampling()->set_ignore_eos(true);
+  EXPECT_TRUE(RunGenerate(*stub, ok).status.ok());
+  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
+
+  const auto after = counts();
+  EXPECT_EQ(after.at("deadline") - before.at("deadline"), 2);
+  EXPECT_EQ(after.at("cancelled") - before.at("cancelled"), 2);
+  EXPECT_EQ(after.at("rejected") - before.at("rejected"), 1);
+  EXPECT_EQ(after.at("length") - before.at("length"), 1);
+  double total = 0;
+  for (const auto& [label, value] : after) total += value - before.at(label);
+  EXPECT_EQ(total, 6);
 }
 
 TEST_F(ClusterTest, MetricsCountTtftAndItl) {

@@ -3,7 +3,8 @@
 // real process on loopback:
 // generations equal the in-process engine token for token, concurrent
 // streams complete and free their KV, bad input is INVALID_ARGUMENT,
-// cancellation frees KV, and SIGTERM drains.
+// cancellation frees KV, SIGTERM drains, and the OpenAI-compatible HTTP API
+// and stop strings come from the same front end as the router's.
 #include <signal.h>
 
 #include <atomic>
@@ -19,8 +20,11 @@
 #include "tools/model_writer.h"
 #include "engine/runner_factory.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/generate_client.h"
+#include "tests/integration/http_client.h"
 #include "tests/integration/local_cluster.h"
+#include "text/tokenizer.h"
 
 namespace pdserve::testing {
 namespace {
@@ -45,6 +49,7 @@ class ColocatedTest : public ::testing::Test {
     ASSERT_TRUE(fields.ok()) << fields.status();
     address_ = (*fields)["grpc_address"];
     ASSERT_TRUE(absl::SimpleAtoi((*fields)["metrics_port"], &metrics_port_));
+    ASSERT_TRUE(absl::SimpleAtoi((*fields)["http_port"], &http_port_));
     stub_ = v1::Generation::NewStub(MakeChannel(address_));
   }
 
@@ -66,6 +71,7 @@ class ColocatedTest : public ::testing::Test {
 
   std::string work_dir_, model_dir_, address_;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   Subprocess server_;
   std::unique_ptr<v1::Generation::Stub> stub_;
 };
@@ -150,6 +156,59 @@ TEST_F(ColocatedTest, CancelFreesKv) {
     ctx.TryCancel();
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
+  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+}
+
+TEST_F(ColocatedTest, ServesTheOpenAiApiAndStopStringsThroughTheFrontEnd) {
+  using Json = nlohmann::json;
+  auto runner = engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<int32_t> prompt = {256, 72, 101, 108, 108, 111};
+  engine::SamplingParams params;
+  params.max_tokens = 24;
+  params.ignore_eos = true;
+  auto expected = engine::GenerateLocally(**runner, prompt, params);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  text::ByteTokenizer tokenizer((*runner)->config().vocab_size);
+  const std::string text = tokenizer.Decode(expected->tokens);
+
+  const Json request = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  HttpResult whole = Curl(http_port_, "/v1/completions", request.dump(), work_dir_ + "/body.json");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(Json::parse(whole.body)["choices"][0]["text"], text);
+  EXPECT_EQ(Json::parse(whole.body)["usage"]["completion_tokens"], 24);
+  Json streamed = request;
+  streamed["stream"] = true;
+  HttpResult stream = Curl(http_port_, "/v1/completions", streamed.dump(), work_dir_ + "/body.json");
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  const std::vector<std::string> events = SseData(stream.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed_text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    streamed_text += Json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed_text, text);
+  // No chat template: refused naming the field; logprobs: not returned by this engine.
+  HttpResult chat = Curl(http_port_, "/v1/chat/completions",
+                         R"({"messages": [{"role": "user", "content": "hi"}]})", work_dir_ + "/body.json");
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_EQ(Json::parse(chat.body)["error"]["param"], "messages");
+  HttpResult logprobs = Curl(http_port_, "/v1/completions",
+                             R"({"prompt": "hi", "max_tokens": 2, "logprobs": 1})", work_dir_ + "/body.json");
+  EXPECT_EQ(logprobs.status, 400) << logprobs.body;
+
+  // Stop strings, matched by the front end: text before the stop, finish STOP.
+  ASSERT_GE(text.size(), 12u);
+  const std::string stop = CharacterAt(text, 8);
+  v1::GenerateRequest with_stop = TokenRequest(prompt, 24);
+  with_stop.mutable_sampling()->set_ignore_eos(true);
+  with_stop.mutable_sampling()->add_stop(stop);
+  StreamResult got = RunGenerate(*stub_, with_stop);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.last.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(got.last.matched_stop(), stop);
+  EXPECT_EQ(got.text, text.substr(0, text.find(stop)));
   EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
 }
 

@@ -23,11 +23,14 @@ absl::Status LocalCluster::StartProcess(Process& p, const std::string& name, std
   if (!absl::SimpleAtoi((*fields)["metrics_port"], &p.metrics_port)) {
     return absl::InternalError(absl::StrCat(name, ": bad ready file"));
   }
+  if (fields->count("http_port") > 0 && !absl::SimpleAtoi((*fields)["http_port"], &p.http_port)) {
+    return absl::InternalError(absl::StrCat(name, ": bad http_port in the ready file"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status LocalCluster::Start() {
-  Binaries bin;
+  const Binaries& bin = options_.binaries;
   std::vector<std::string> argv = {bin.router, "--model_dir=" + options_.model_dir,
                                     "--heartbeat_interval_ms=200", "--worker_timeout_ms=1500"};
   argv.insert(argv.end(), options_.router_flags.begin(), options_.router_flags.end());
@@ -42,7 +45,7 @@ absl::Status LocalCluster::Start() {
 }
 
 absl::Status LocalCluster::AddPrefill(const std::vector<std::string>& extra_flags) {
-  Binaries bin;
+  const Binaries& bin = options_.binaries;
   std::vector<std::string> argv = {bin.prefill, "--model_dir=" + options_.model_dir,
                                    "--router=" + router_.grpc_address, "--threads=1"};
   argv.insert(argv.end(), options_.prefill_flags.begin(), options_.prefill_flags.end());
@@ -54,7 +57,7 @@ absl::Status LocalCluster::AddPrefill(const std::vector<std::string>& extra_flag
 }
 
 absl::Status LocalCluster::AddDecode(const std::vector<std::string>& extra_flags) {
-  Binaries bin;
+  const Binaries& bin = options_.binaries;
   std::vector<std::string> argv = {bin.decode, "--model_dir=" + options_.model_dir,
                                    "--router=" + router_.grpc_address, "--threads=1"};
   argv.insert(argv.end(), options_.decode_flags.begin(), options_.decode_flags.end());

@@ -21,6 +21,7 @@ struct Binaries {
 };
 
 struct ClusterOptions {
+  Binaries binaries;  // e.g. test-only worker variants
   std::string model_dir;
   std::string work_dir;  // logs and ready files
   int num_prefill = 1;
@@ -34,6 +35,7 @@ struct Process {
   Subprocess proc;
   std::string grpc_address;
   int metrics_port = 0;
+  int http_port = -1;  // the router's OpenAI-compatible HTTP port
 };
 
 class LocalCluster {
@@ -52,6 +54,7 @@ class LocalCluster {
 
   const std::string& router_address() const { return router_.grpc_address; }
   int router_metrics_port() const { return router_.metrics_port; }
+  int router_http_port() const { return router_.http_port; }
   pid_t router_pid() const { return router_.proc.pid(); }
   std::vector<std::unique_ptr<Process>>& prefill() { return prefill_; }
   std::vector<std::unique_ptr<Process>>& decode() { return decode_; }

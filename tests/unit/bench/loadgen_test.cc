@@ -45,11 +45,30 @@ TEST(LengthDistributionTest, ParsesAndSamplesWithinBounds) {
   ASSERT_TRUE(default_clamp.ok());
   EXPECT_EQ(default_clamp->lo, 1);
   EXPECT_EQ(default_clamp->max(), 30);
+
+  // A long tail: most values well below the mean's multiples, clamped.
+  auto exponential = LengthDistribution::Parse("exponential:40:4:512");
+  ASSERT_TRUE(exponential.ok()) << exponential.status();
+  EXPECT_EQ(exponential->ToString(), "exponential:40:4:512");
+  int below_mean = 0;
+  sum = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const int v = exponential->Sample(rng);
+    ASSERT_GE(v, 4);
+    ASSERT_LE(v, 512);
+    below_mean += v < 40;
+    sum += v;
+  }
+  EXPECT_NEAR(below_mean / 4000.0, 1 - std::exp(-1.0), 0.04);  // P(X < mean) = 0.63
+  EXPECT_NEAR(sum / 4000, 40, 3);
+  EXPECT_EQ(LengthDistribution::Parse("exponential:8")->max(), 80);
 }
 
 TEST(LengthDistributionTest, RejectsBadSpecs) {
-  for (const char* spec : {"", "fixed", "fixed:0", "fixed:x", "uniform:5", "uniform:9:4", "normal:10",
-                           "normal:0:1", "normal:10:-1", "normal:10:1:5", "normal:10:1:0:5", "zipf:3"}) {
+  for (const char* spec :
+       {"", "fixed", "fixed:0", "fixed:x", "uniform:5", "uniform:9:4", "normal:10", "normal:0:1",
+        "normal:10:-1", "normal:10:1:5", "normal:10:1:0:5", "zipf:3", "exponential",
+        "exponential:0", "exponential:5:3", "exponential:5:9:2"}) {
     EXPECT_FALSE(LengthDistribution::Parse(spec).ok()) << spec;
   }
 }
@@ -133,6 +152,34 @@ TEST(PlanWorkloadTest, BurstAndCaps) {
   o.max_requests = 5;
   EXPECT_EQ(PlanWorkload(o)->size(), 5u);
   o.rate = 0;
+  EXPECT_FALSE(PlanWorkload(o).ok());
+}
+
+TEST(PlanWorkloadTest, SharedPrefixesStartEveryPrompt) {
+  WorkloadOptions o = Options(Arrival::kFixed);
+  o.shared_prefix_len = 25;
+  o.num_shared_prefixes = 3;
+  auto plan = PlanWorkload(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::vector<int32_t>> prefixes(3);
+  std::vector<int> picked(3, 0);
+  for (const PlannedRequest& r : *plan) {
+    ASSERT_GE(r.prefix_index, 0);
+    ASSERT_LT(r.prefix_index, 3);
+    ASSERT_GE(r.prompt.size(), 25u + 3u);
+    const std::vector<int32_t> prefix(r.prompt.begin(), r.prompt.begin() + 25);
+    if (prefixes[r.prefix_index].empty()) prefixes[r.prefix_index] = prefix;
+    EXPECT_EQ(prefix, prefixes[r.prefix_index]);
+    ++picked[r.prefix_index];
+  }
+  EXPECT_NE(prefixes[0], prefixes[1]);
+  for (int n : picked) EXPECT_GT(n, 250);
+  // The questions are the planned prompts of a run without prefixes.
+  auto plain = PlanWorkload(Options(Arrival::kFixed));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(std::vector<int32_t>((*plan)[5].prompt.begin() + 25, (*plan)[5].prompt.end()),
+            (*plain)[5].prompt);
+  o.num_shared_prefixes = 0;
   EXPECT_FALSE(PlanWorkload(o).ok());
 }
 

@@ -1,7 +1,8 @@
 // Attention on the device against the CPU runner's math (cpu::Dot,
 // cpu::Softmax, cpu::Axpy over the visible keys): paged split-K decode
 // attention through block tables, and chunked prefill attention over cuBLAS
-// with the causal mask, both with and without a sliding window.
+// with the causal mask (a whole prompt, and a chunk after cached keys), both
+// with and without a sliding window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,7 +197,8 @@ TEST_F(AttentionTest, ChunkedPrefillMatchesCpu) {
     args.scale = scale;
     args.sliding_window = c.sliding_window;
     args.query_chunk = c.query_chunk;
-    const size_t ws_bytes = PrefillAttentionWorkspaceBytes(kTokens, kQHeads, c.query_chunk);
+    const size_t ws_bytes =
+        PrefillAttentionWorkspaceBytes(kTokens, kQHeads, c.query_chunk, kTokens);
     // Scores of one chunk, never of the whole prompt.
     EXPECT_LE(ws_bytes, size_t{kQHeads} * std::min(kTokens, c.query_chunk) * kTokens * 6 + 256);
     DeviceBuffer<unsigned char> workspace(ws_bytes);
@@ -215,6 +217,39 @@ TEST_F(AttentionTest, ChunkedPrefillMatchesCpu) {
       }
     }
     EXPECT_LT(Nmse(got, want), kNmseAttention);
+
+    // The same prompt as a chunk after `cached` tokens whose keys start at
+    // k_position (as the runner gathers them from the cache): rows cached..
+    // of the whole prompt's answer.
+    constexpr int kCached = 13;
+    const int k_position = FirstVisible(kCached, c.sliding_window);
+    PrefillAttentionArgs chunk = args;
+    chunk.q = d_qkv.get() + kCached * kStride;
+    chunk.k = d_qkv.get() + k_position * kStride + kQ;
+    chunk.v = d_qkv.get() + k_position * kStride + kQ + kKv;
+    chunk.num_tokens = kTokens - kCached;
+    chunk.q_position = kCached;
+    chunk.k_position = k_position;
+    const size_t chunk_ws = PrefillAttentionWorkspaceBytes(chunk.num_tokens, kQHeads, c.query_chunk,
+                                                           kTokens - k_position);
+    DeviceBuffer<unsigned char> chunk_workspace(chunk_ws);
+    chunk.workspace = chunk_workspace.get();
+    chunk.workspace_bytes = chunk_ws;
+    out.Poison();
+    chunk.k_position = k_position + 1;  // keys that miss the first query's first key
+    EXPECT_EQ(PrefillAttention(handle, stream_, chunk).code(), absl::StatusCode::kInvalidArgument);
+    chunk.k_position = k_position;
+    ASSERT_TRUE(PrefillAttention(handle, stream_, chunk).ok());
+    Sync();
+    const std::vector<float> chunk_out = FromBf16(out.Download());
+    std::vector<float> got_rows, want_rows;
+    for (int t = kCached; t < kTokens; ++t) {
+      got_rows.insert(got_rows.end(), chunk_out.begin() + (t - kCached) * kOutStride,
+                      chunk_out.begin() + (t - kCached) * kOutStride + kQ);
+      want_rows.insert(want_rows.end(), want.begin() + t * kOutStride,
+                       want.begin() + t * kOutStride + kQ);
+    }
+    EXPECT_LT(Nmse(got_rows, want_rows), kNmseAttention);
   }
   EXPECT_EQ(cublasDestroy(handle), CUBLAS_STATUS_SUCCESS);
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -16,14 +17,25 @@
 
 namespace pdserve::cuda::testing {
 
-// Skips where cudaGetDeviceCount fails or finds no device; checks after
-// each test that no CUDA error is left behind.
+// Whether a missing device must fail the tests rather than skip them
+// (PDSERVE_REQUIRE_GPU=1, as tests/gpu/run_on_gpu.sh sets on a GPU machine).
+inline bool GpuRequired() {
+  const char* v = std::getenv("PDSERVE_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Skips where cudaGetDeviceCount fails or finds no device (fails instead
+// where GpuRequired()); checks after each test that no CUDA error is left
+// behind.
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
+      if (GpuRequired()) {
+        FAIL() << "PDSERVE_REQUIRE_GPU=1 but no usable CUDA device (" << cudaGetErrorName(e) << ")";
+      }
       GTEST_SKIP() << "no usable CUDA device (" << cudaGetErrorName(e) << ": "
                    << cudaGetErrorString(e) << ")";
     }

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -133,6 +134,22 @@ TEST_F(KernelsTest, FusedAddRmsNormMatchesCpu) {
   for (int r : rows)
     want_rows.insert(want_rows.end(), want.begin() + r * kDim, want.begin() + (r + 1) * kDim);
   EXPECT_LT(Nmse(FromBf16(picked.Download()), want_rows), kNmseBf16);
+
+  // With delta and gathering: only the named rows are added to and normed.
+  DeviceBuffer<float> d_x2(x);
+  picked.Poison();
+  ASSERT_EQ(FusedAddRmsNormGather(d_x2.get(), d_delta.get(), d_rows.get(), d_w.get(),
+                                  static_cast<int>(rows.size()), kDim, kEps, picked.get(), stream_),
+            cudaSuccess);
+  Sync();
+  EXPECT_LT(Nmse(FromBf16(picked.Download()), want_rows), kNmseBf16);
+  const std::vector<float> x2 = d_x2.Download();
+  for (int r = 0; r < kRows; ++r) {
+    const bool named = std::find(rows.begin(), rows.end(), r) != rows.end();
+    for (int i = 0; i < kDim; ++i) {
+      ASSERT_EQ(x2[r * kDim + i], named ? sum[r * kDim + i] : x[r * kDim + i]) << r;
+    }
+  }
 }
 
 // Fused qkv rows as the CPU runner holds them: q heads, k heads, v heads,
@@ -145,35 +162,39 @@ struct QkvShape {
 };
 
 TEST_F(KernelsTest, HeadRmsNormMatchesCpuForFp32AndBf16) {
-  const QkvShape s;
-  constexpr float kEps = 1e-6f;
-  const std::vector<float> qkv = RoundToBf16(RandomFloats(s.rows * s.stride(), 6, -3, 3));
-  const std::vector<float> qw = RoundToBf16(RandomFloats(s.head_dim, 7, 0.5f, 1.5f));
-  const std::vector<float> kw = RoundToBf16(RandomFloats(s.head_dim, 8, 0.5f, 1.5f));
-  std::vector<float> want = qkv;
-  for (int r = 0; r < s.rows; ++r) {
-    float* row = &want[r * s.stride()];
-    engine::cpu::RmsNorm(row, qw.data(), row, s.q_heads, s.head_dim, kEps, 1);
-    engine::cpu::RmsNorm(row + s.q(), kw.data(), row + s.q(), s.kv_heads, s.head_dim, kEps, 1);
+  for (int head_dim : {64, 24}) {  // 24: not a multiple of the warp (tiny Qwen3 models)
+    SCOPED_TRACE(head_dim);
+    QkvShape s;
+    s.head_dim = head_dim;
+    constexpr float kEps = 1e-6f;
+    const std::vector<float> qkv = RoundToBf16(RandomFloats(s.rows * s.stride(), 6, -3, 3));
+    const std::vector<float> qw = RoundToBf16(RandomFloats(s.head_dim, 7, 0.5f, 1.5f));
+    const std::vector<float> kw = RoundToBf16(RandomFloats(s.head_dim, 8, 0.5f, 1.5f));
+    std::vector<float> want = qkv;
+    for (int r = 0; r < s.rows; ++r) {
+      float* row = &want[r * s.stride()];
+      engine::cpu::RmsNorm(row, qw.data(), row, s.q_heads, s.head_dim, kEps, 1);
+      engine::cpu::RmsNorm(row + s.q(), kw.data(), row + s.q(), s.kv_heads, s.head_dim, kEps, 1);
+    }
+    DeviceBuffer<__nv_bfloat16> d_qw(ToBf16(qw)), d_kw(ToBf16(kw));
+    HeadNormArgs args;
+    args.rows = s.rows;
+    args.row_stride = s.stride();
+    args.q_heads = s.q_heads;
+    args.kv_heads = s.kv_heads;
+    args.head_dim = s.head_dim;
+    args.q_weight = d_qw.get();
+    args.k_weight = d_kw.get();
+    args.eps = kEps;
+    DeviceBuffer<float> f32(qkv);
+    ASSERT_EQ(HeadRmsNorm(f32.get(), args, stream_), cudaSuccess);
+    Sync();
+    EXPECT_LT(Nmse(f32.Download(), want), 1e-12);  // v and padding untouched, exactly
+    DeviceBuffer<__nv_bfloat16> bf16(ToBf16(qkv));
+    ASSERT_EQ(HeadRmsNorm(bf16.get(), args, stream_), cudaSuccess);
+    Sync();
+    EXPECT_LT(Nmse(FromBf16(bf16.Download()), want), kNmseBf16);
   }
-  DeviceBuffer<__nv_bfloat16> d_qw(ToBf16(qw)), d_kw(ToBf16(kw));
-  HeadNormArgs args;
-  args.rows = s.rows;
-  args.row_stride = s.stride();
-  args.q_heads = s.q_heads;
-  args.kv_heads = s.kv_heads;
-  args.head_dim = s.head_dim;
-  args.q_weight = d_qw.get();
-  args.k_weight = d_kw.get();
-  args.eps = kEps;
-  DeviceBuffer<float> f32(qkv);
-  ASSERT_EQ(HeadRmsNorm(f32.get(), args, stream_), cudaSuccess);
-  Sync();
-  EXPECT_LT(Nmse(f32.Download(), want), 1e-12);  // v and padding untouched, exactly
-  DeviceBuffer<__nv_bfloat16> bf16(ToBf16(qkv));
-  ASSERT_EQ(HeadRmsNorm(bf16.get(), args, stream_), cudaSuccess);
-  Sync();
-  EXPECT_LT(Nmse(FromBf16(bf16.Download()), want), kNmseBf16);
 }
 
 engine::ModelConfig RopeConfig(bool llama3) {
@@ -304,6 +325,63 @@ TEST_F(KernelsTest, KvCacheWriteFollowsBlockTables) {
   for (int slot = 0; slot < kBlocks * kBlockSize; ++slot) {
     if (written[slot]) continue;
     for (int j = 0; j < kv; ++j) ASSERT_EQ(__bfloat16_as_ushort(k[slot * kv + j]), 0xffff) << slot;
+  }
+}
+
+TEST_F(KernelsTest, KvGatherAndScatterFollowBlockTables) {
+  constexpr int kBlockSize = 4, kBlocks = 8, kKv = 40;
+  const std::vector<int32_t> table = {6, 1, 4};  // tokens 0..11
+  constexpr int kFirst = 3, kCount = 7;          // tokens 3..9: three blocks
+  const std::vector<float> cache_k = RoundToBf16(RandomFloats(kBlocks * kBlockSize * kKv, 21));
+  const std::vector<float> cache_v = RoundToBf16(RandomFloats(kBlocks * kBlockSize * kKv, 22));
+  DeviceBuffer<__nv_bfloat16> k_cache(ToBf16(cache_k)), v_cache(ToBf16(cache_v));
+  DeviceBuffer<int32_t> d_table(table);
+  DeviceBuffer<__nv_bfloat16> k(kCount * kKv), v(kCount * kKv);
+  KvCopyArgs args;
+  args.k_cache = k_cache.get();
+  args.v_cache = v_cache.get();
+  args.block_size = kBlockSize;
+  args.kv_size = kKv;
+  args.block_table = d_table.get();
+  args.first = kFirst;
+  args.count = kCount;
+  args.k = k.get();
+  args.v = v.get();
+  ASSERT_EQ(GatherKv(args, stream_), cudaSuccess);
+  Sync();
+  const std::vector<float> got_k = FromBf16(k.Download()), got_v = FromBf16(v.Download());
+  for (int t = 0; t < kCount; ++t) {
+    const int64_t slot = KvSlot(table, kFirst + t, kBlockSize);
+    for (int j = 0; j < kKv; ++j) {
+      ASSERT_EQ(got_k[t * kKv + j], cache_k[slot * kKv + j]) << t;
+      ASSERT_EQ(got_v[t * kKv + j], cache_v[slot * kKv + j]) << t;
+    }
+  }
+
+  // Scatter fresh values back into the same slots of a poisoned cache:
+  // exactly those slots change.
+  const std::vector<float> new_k = RoundToBf16(RandomFloats(kCount * kKv, 23));
+  const std::vector<float> new_v = RoundToBf16(RandomFloats(kCount * kKv, 24));
+  k.Upload(ToBf16(new_k));
+  v.Upload(ToBf16(new_v));
+  k_cache.Poison();
+  v_cache.Poison();
+  ASSERT_EQ(ScatterKv(args, stream_), cudaSuccess);
+  Sync();
+  const std::vector<float> after_k = FromBf16(k_cache.Download());
+  const std::vector<float> after_v = FromBf16(v_cache.Download());
+  std::vector<bool> written(kBlocks * kBlockSize, false);
+  for (int t = 0; t < kCount; ++t) {
+    const int64_t slot = KvSlot(table, kFirst + t, kBlockSize);
+    written[slot] = true;
+    for (int j = 0; j < kKv; ++j) {
+      ASSERT_EQ(after_k[slot * kKv + j], new_k[t * kKv + j]);
+      ASSERT_EQ(after_v[slot * kKv + j], new_v[t * kKv + j]);
+    }
+  }
+  for (int slot = 0; slot < kBlocks * kBlockSize; ++slot) {
+    if (written[slot]) continue;
+    ASSERT_TRUE(std::isnan(after_k[slot * kKv]) && std::isnan(after_v[slot * kKv])) << slot;
   }
 }
 

@@ -348,6 +348,12 @@ TEST_P(ForwardTest, BlockSizeThatIsNoPowerOfTwoAddressesTheSameTokens) {
   o.num_threads = 2;
   auto odd = CreateModelRunner(o);
   ASSERT_TRUE(odd.ok()) << odd.status();
+  // The start-up line names what was loaded and how much KV it holds.
+  const std::string described = DescribeRunner(**odd, o);
+  EXPECT_NE(described.find("model " + dir_ + " ("), std::string::npos) << described;
+  EXPECT_NE(described.find("backend cpu"), std::string::npos) << described;
+  EXPECT_NE(described.find("threads 2"), std::string::npos) << described;
+  EXPECT_NE(described.find("KV 16 blocks x 3 tokens = 48 tokens"), std::string::npos) << described;
   std::vector<int32_t> tokens = Tokens(5, vocab(), 8);
   const std::vector<int32_t> table = {7, 2, 11, 0, 5};  // 15 slots
   const PrefillSequence seq{tokens, table};

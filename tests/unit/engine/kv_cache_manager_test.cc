@@ -3,6 +3,7 @@
 // invariants after long seeded random workloads.
 #include "engine/kvcache/kv_cache_manager.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -348,6 +349,42 @@ TEST(KvCacheManagerTest, ADuplicateHashKeepsTheFirstBlock) {
   EXPECT_EQ(bm.CommitBlockHashes(9, hashes).code(), StatusCode::kNotFound);
   EXPECT_EQ(bm.CommitBlockHashes(1, BlockHashes(std::vector<int32_t>{1, 2, 3, 4, 5, 6}, 2)).code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(KvCacheManagerTest, DigestCarriesCachedHashesAtDigestPositions) {
+  KvCacheManager bm(40, 1);
+  // 20 one-token blocks: positions 0-3, 7, 15 are digest positions.
+  std::vector<int32_t> prompt(20);
+  for (int i = 0; i < 20; ++i) prompt[i] = 100 + i;
+  const std::vector<uint64_t> hashes = BlockHashes(prompt, 1);
+  EXPECT_TRUE(bm.CachedHashDigest().empty());
+  ASSERT_TRUE(bm.Allocate(1, 20).ok());
+  ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
+  const std::vector<uint64_t> want = {hashes[0], hashes[1], hashes[2],
+                                      hashes[3], hashes[7], hashes[15]};
+  std::vector<uint64_t> digest = bm.CachedHashDigest();
+  std::sort(digest.begin(), digest.end());
+  std::vector<uint64_t> sorted_want = want;
+  std::sort(sorted_want.begin(), sorted_want.end());
+  EXPECT_EQ(digest, sorted_want);
+  // Evictable blocks stay in the digest until they are reused; a cap keeps
+  // the most recently freed first.
+  bm.Free(1);
+  EXPECT_EQ(bm.CachedHashDigest().size(), 6u);
+  std::vector<int32_t> other(8, 7);
+  ASSERT_TRUE(bm.Allocate(2, 8).ok());
+  ASSERT_TRUE(bm.CommitBlockHashes(2, BlockHashes(other, 1)).ok());
+  bm.Free(2);
+  const std::vector<uint64_t> capped = bm.CachedHashDigest(2);
+  ASSERT_EQ(capped.size(), 2u);
+  // Sequence 2 was freed last, first block last (Free releases in reverse).
+  EXPECT_EQ(capped[0], BlockHashes(other, 1)[0]);
+  // Reusing the evicted blocks drops their hashes from the digest.
+  ASSERT_TRUE(bm.Allocate(3, 40).ok());
+  EXPECT_TRUE(bm.CachedHashDigest().empty());
+  for (int position = 0; position < 64; ++position) {
+    EXPECT_EQ(IsDigestPosition(position), position < 4 || position % 8 == 7) << position;
+  }
 }
 
 TEST(KvCacheManagerTest, RandomCachedWorkloadKeepsInvariants) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/scheduler/plan_step.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +33,8 @@ struct PlanCase {
   PlanInput input;
   PlanOptions options;
   std::vector<Expected> expected;
+  std::vector<SeqId> preempted = {};
+  std::vector<SeqId> too_large = {};
 };
 
 PlanSeq Waiting(SeqId id, int prompt, int reserve, int block_size) {
@@ -42,13 +45,17 @@ PlanSeq Waiting(SeqId id, int prompt, int reserve, int block_size) {
           .reserve_tokens = reserve,
           .admit_blocks = (reserve + block_size - 1) / block_size};
 }
+// A running sequence past its prompt, preemptable when ready (not awaiting
+// its KV), holding `blocks` blocks of its own.
 PlanSeq Decoding(SeqId id, int prompt, int generated, int blocks, bool ready = true) {
   return {.id = id,
           .prompt_len = prompt,
           .num_tokens = prompt + generated,
           .num_computed = prompt + generated - 1,
           .num_blocks = blocks,
-          .ready = ready};
+          .ready = ready,
+          .preemptable = ready,
+          .free_on_preempt = blocks};
 }
 PlanSeq MidPrompt(SeqId id, int prompt, int computed, int blocks) {
   return {.id = id,
@@ -77,7 +84,17 @@ TEST_P(PlanStepTable, MatchesTheExpectedPlan) {
   }
   EXPECT_EQ(plan.num_tokens, tokens);
   EXPECT_EQ(plan.new_blocks, blocks);
-  EXPECT_LE(plan.new_blocks, c.input.free_blocks);  // never over-commits the cache
+  EXPECT_EQ(plan.preempted, c.preempted);
+  EXPECT_EQ(plan.too_large, c.too_large);
+  // The budget holds, but for one whole prompt over it that runs alone.
+  if (plan.seqs.size() > 1) EXPECT_LE(plan.num_tokens, c.options.max_batch_tokens);
+  // Never over-commits the cache: what it takes fits in what is free plus
+  // what the preempted sequences give back.
+  int freed = 0;
+  for (SeqId id : plan.preempted) {
+    for (const PlanSeq& r : c.input.running) freed += r.id == id ? r.free_on_preempt : 0;
+  }
+  EXPECT_LE(plan.new_blocks, c.input.free_blocks + freed);
 }
 
 std::vector<PlanCase> PlanCases() {
@@ -107,22 +124,64 @@ std::vector<PlanCase> PlanCases() {
                              .block_size = 8},
                    .options = {.max_batch_tokens = 50},
                    .expected = {{1, 90, 12, true, true}}});
-  cases.push_back({.name = "ChunkedPromptsShareTheBudget",
+  cases.push_back({.name = "ChunkedPromptsShareTheBudgetEvenly",
                    .input = {.waiting = {Waiting(1, 90, 90, 8), Waiting(2, 30, 30, 8)},
                              .free_blocks = 100,
                              .block_size = 8},
                    .options = {.max_batch_tokens = 50, .max_prefill_chunk_tokens = 32},
-                   .expected = {{1, 32, 12, true, false}, {2, 18, 4, true, false}}});
+                   .expected = {{1, 25, 12, true, false}, {2, 25, 4, true, false}}});
   cases.push_back(
       {.name = "DecodesFirstThenChunksOfRunningPromptsThenAdmissions",
-       .input = {.running = {Decoding(1, 10, 3, 2), MidPrompt(2, 100, 32, 13),
+       .input = {.running = {MidPrompt(2, 100, 32, 13), Decoding(1, 10, 3, 2),
                              Decoding(3, 10, 1, 2, /*ready=*/false)},
                  .waiting = {Waiting(4, 20, 20, 8)},
                  .free_blocks = 10,
                  .block_size = 8,
                  .num_holding = 3},
        .options = {.max_batch_tokens = 40, .max_prefill_chunk_tokens = 32},
-       .expected = {{1, 1, 0, false, true}, {2, 32, 0, false, false}, {4, 7, 3, true, false}}});
+       // 39 tokens left after the decode, shared: 20 and 19.
+       .expected = {{1, 1, 0, false, true}, {2, 20, 0, false, false}, {4, 19, 3, true, false}}});
+  // The budget equals the chunk size: first-come-first-served chunks would
+  // give the long prompt every step until its 1000 tokens are done.
+  cases.push_back({.name = "ALongPromptDoesNotStarveAShortOneBehindIt",
+                   .input = {.running = {MidPrompt(1, 1000, 64, 63)},
+                             .waiting = {Waiting(2, 10, 10, 16)},
+                             .free_blocks = 10,
+                             .block_size = 16,
+                             .num_holding = 1},
+                   .options = {.max_batch_tokens = 64, .max_prefill_chunk_tokens = 64},
+                   .expected = {{1, 54, 0, false, false}, {2, 10, 1, true, true}}});
+  cases.push_back({.name = "ChunksOfManyPromptsInterleave",
+                   .input = {.running = {MidPrompt(1, 500, 100, 32), MidPrompt(2, 300, 0, 19)},
+                             .waiting = {Waiting(3, 300, 300, 16), Waiting(4, 5, 5, 16)},
+                             .free_blocks = 30,
+                             .block_size = 16,
+                             .num_holding = 2},
+                   .options = {.max_batch_tokens = 128, .max_prefill_chunk_tokens = 64},
+                   // 5 for the short one, 41 each for the others (123 left, 3 ways).
+                   .expected = {{1, 41, 0, false, false},
+                                {2, 41, 0, false, false},
+                                {3, 41, 19, true, false},
+                                {4, 5, 1, true, true}}});
+  cases.push_back(
+      {.name = "AdmissionStopsWhenEveryTokenOfTheBudgetIsTaken",
+       .input = {.waiting = {Waiting(1, 8, 8, 8), Waiting(2, 8, 8, 8), Waiting(3, 8, 8, 8)},
+                 .free_blocks = 10,
+                 .block_size = 8},
+       .options = {.max_batch_tokens = 2, .max_prefill_chunk_tokens = 8},
+       .expected = {{1, 1, 1, true, false}, {2, 1, 1, true, false}}});
+  cases.push_back({.name = "ACachedPrefixStartsTheComputation",
+                   // 40 tokens, 32 of them cached: only 8 are computed; admission takes
+                   // the blocks FreeBlocksNeeded counted (here: one fresh, two evictable).
+                   .input = {.waiting = {{.id = 1,
+                                          .prompt_len = 40,
+                                          .num_tokens = 40,
+                                          .num_computed = 32,
+                                          .reserve_tokens = 40,
+                                          .admit_blocks = 3}},
+                             .free_blocks = 3,
+                             .block_size = 8},
+                   .expected = {{1, 8, 3, true, true}}});
   cases.push_back({.name = "GrowthComesOutOfTheFreeBlocks",
                    // Sequence 1 fills its 2 blocks of 8 and needs a third;
                    // sequence 2 too, but only one block is free.
@@ -131,6 +190,53 @@ std::vector<PlanCase> PlanCases() {
                              .block_size = 8,
                              .num_holding = 2},
                    .expected = {{1, 1, 1, false, true}}});
+  cases.push_back(
+      {.name = "GrowthPreemptsTheNewest",
+       // 1 and 2 need a block each; 3 (newest) gives back its 2.
+       .input = {.running = {Decoding(1, 10, 7, 2), Decoding(2, 10, 7, 2), Decoding(3, 10, 2, 2)},
+                 .waiting = {Waiting(4, 2, 2, 8)},
+                 .free_blocks = 0,
+                 .total_blocks = 6,
+                 .block_size = 8,
+                 .num_holding = 3},
+       // Nothing is admitted in a step that preempts.
+       .expected = {{1, 1, 1, false, true}, {2, 1, 1, false, true}},
+       .preempted = {3}});
+  cases.push_back(
+      {.name = "PreemptionStopsAsSoonAsTheGrowthFits",
+       .input = {.running = {Decoding(1, 10, 7, 2), Decoding(2, 10, 2, 2), Decoding(3, 10, 2, 2)},
+                 .free_blocks = 0,
+                 .total_blocks = 6,
+                 .block_size = 8,
+                 .num_holding = 3},
+       .expected = {{1, 1, 1, false, true}, {2, 1, 0, false, true}},
+       .preempted = {3}});
+  cases.push_back(
+      {.name = "SequencesAwaitingTheirKvAreNeverPreempted",
+       .input = {.running = {Decoding(1, 10, 7, 2), Decoding(2, 10, 1, 2, /*ready=*/false)},
+                 .free_blocks = 0,
+                 .total_blocks = 4,
+                 .block_size = 8,
+                 .num_holding = 2},
+       .expected = {}});
+  cases.push_back({.name = "TheOldestIsNeverPreemptedForTheNewest",
+                   // 2 needs a block; only 1, older, could give one: 2 waits.
+                   .input = {.running = {Decoding(1, 10, 2, 2), Decoding(2, 10, 7, 2)},
+                             .free_blocks = 0,
+                             .total_blocks = 4,
+                             .block_size = 8,
+                             .num_holding = 2},
+                   .expected = {{1, 1, 0, false, true}}});
+  cases.push_back({.name = "ASequenceLargerThanTheWholeCacheFails",
+                   // 24 tokens fill all 3 blocks of 8; the next needs a 4th,
+                   // which no preemption can give.
+                   .input = {.running = {Decoding(1, 10, 15, 3)},
+                             .free_blocks = 0,
+                             .total_blocks = 3,
+                             .block_size = 8,
+                             .num_holding = 1},
+                   .expected = {},
+                   .too_large = {1}});
   cases.push_back({.name = "MaxNumSeqsBoundsAdmission",
                    .input = {.running = {Decoding(1, 4, 1, 2)},
                              .waiting = {Waiting(2, 4, 4, 4), Waiting(3, 4, 4, 4)},
@@ -168,6 +274,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, PlanStepTable, testing::ValuesIn(PlanCases()),
                          [](const testing::TestParamInfo<PlanCase>& info) {
                            return info.param.name;
                          });
+
+TEST(ShareBudgetTest, MaxMinFair) {
+  EXPECT_EQ(ShareBudget({}, 10), std::vector<int>{});
+  EXPECT_EQ(ShareBudget({5, 5}, 0), (std::vector<int>{0, 0}));
+  EXPECT_EQ(ShareBudget({100, 3, 100}, 50), (std::vector<int>{24, 3, 23}));
+  EXPECT_EQ(ShareBudget({10, 10}, 100), (std::vector<int>{10, 10}));  // wants less than it could
+  EXPECT_EQ(ShareBudget({4, 4, 4}, 2), (std::vector<int>{1, 1, 0}));  // the earliest first
+  EXPECT_EQ(ShareBudget({7, 1, 7}, 9), (std::vector<int>{4, 1, 4}));
+}
 
 // ---- the Scheduler with execution mocked ----
 
@@ -308,11 +423,12 @@ TEST(SchedulerTest, ColocatedRunsToMaxTokensOrEosAndFreesEverything) {
 TEST(SchedulerTest, DecodeRoleAdmitsRemoteSequencesAndRunsThemOnceTheirKvArrives) {
   const ModelConfig config = Config();
   Scheduler s({.role = SchedulerRole::kDecode, .plan = {.max_num_seqs = 2}}, config, 8, 4);
-  absl::StatusOr<std::span<const int32_t>> table = s.AddRemote(1, Prompt(6), MaxTokens(5), 10);
+  // Whole requests reserved (no headroom set): 6 + 5 - 1 tokens, 3 blocks.
+  absl::StatusOr<std::span<const int32_t>> table = s.AddRemote(1, Prompt(6), MaxTokens(5));
   ASSERT_TRUE(table.ok());
   EXPECT_EQ(table->size(), 3u);
-  ASSERT_TRUE(s.AddRemote(2, Prompt(6), MaxTokens(5), 10).ok());
-  EXPECT_EQ(s.AddRemote(3, Prompt(2), MaxTokens(1), 2).status().code(),
+  ASSERT_TRUE(s.AddRemote(2, Prompt(6), MaxTokens(5)).ok());
+  EXPECT_EQ(s.AddRemote(3, Prompt(2), MaxTokens(1)).status().code(),
             absl::StatusCode::kResourceExhausted);  // max_num_seqs
   EXPECT_TRUE(s.Schedule().empty());                // nothing has its KV yet
   EXPECT_EQ(*s.StartDecoding(1, 9), FinishReason::kNone);
@@ -343,37 +459,251 @@ TEST(SchedulerTest, AFailedStepFailsAndFreesItsSequencesOnly) {
   EXPECT_EQ(step.ids, (std::vector<SeqId>{2}));
 }
 
-TEST(SchedulerTest, RandomWorkloadNeverLosesABlock) {
+TEST(SchedulerTest, PrefixCachingStartsAfterTheCachedPrefixAndCountsHits) {
   const ModelConfig config = Config();
-  for (SchedulerRole role : {SchedulerRole::kPrefill, SchedulerRole::kColocated}) {
-    Scheduler s({.role = role, .plan = {.max_batch_tokens = 64, .max_prefill_chunk_tokens = 24}},
+  Scheduler s({.role = SchedulerRole::kPrefill, .enable_prefix_caching = true}, config, 16, 8);
+  std::vector<int32_t> first(40);
+  for (int i = 0; i < 40; ++i) first[i] = i;
+  ASSERT_TRUE(s.AddPrompt(1, first, MaxTokens(4)).ok());
+  ScheduledStep step = s.Schedule();
+  ASSERT_EQ(step.ids.size(), 1u);
+  EXPECT_EQ(step.batch.seqs[0].num_cached, 0);
+  EXPECT_EQ(step.prefix_query_tokens, 40);
+  EXPECT_EQ(step.prefix_hit_tokens, 0);
+  s.Complete(step, Sampled(step, 9));
+  s.Release(1);  // its five full blocks stay cached, evictable
+  EXPECT_EQ(s.kv().num_evictable_blocks(), 5);
+  EXPECT_EQ(s.kv().num_free_blocks(), 16);
+
+  // Same 32 first tokens, then others: four blocks cached, eight tokens left.
+  std::vector<int32_t> second(first.begin(), first.begin() + 32);
+  for (int i = 0; i < 10; ++i) second.push_back(200 + i);
+  ASSERT_TRUE(s.AddPrompt(2, second, MaxTokens(4)).ok());
+  EXPECT_EQ(s.pending_prompt_tokens(), 10);  // the cached prefix is not work
+  // The same prompt again: all five blocks are cached, but its last token
+  // is computed so that the step samples: four blocks are shared.
+  ASSERT_TRUE(s.AddPrompt(3, first, MaxTokens(4)).ok());
+  step = s.Schedule();
+  ASSERT_EQ(step.ids, (std::vector<SeqId>{2, 3}));
+  EXPECT_EQ(step.batch.seqs[0].num_cached, 32);
+  EXPECT_EQ(step.batch.seqs[0].tokens.size(), 10u);
+  EXPECT_EQ(step.batch.seqs[1].num_cached, 32);
+  EXPECT_EQ(step.batch.seqs[1].tokens.size(), 8u);
+  EXPECT_NE(step.batch.seqs[0].sampling, nullptr);
+  EXPECT_NE(step.batch.seqs[1].sampling, nullptr);
+  EXPECT_EQ(step.prefix_query_tokens, 82);
+  EXPECT_EQ(step.prefix_hit_tokens, 64);
+  // Shared blocks: the same ids in both tables, read-only for both.
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_EQ(step.batch.seqs[0].block_table[b], step.batch.seqs[1].block_table[b]);
+    EXPECT_EQ(s.kv().RefCount(step.batch.seqs[0].block_table[b]), 2);
+  }
+  EXPECT_NE(step.batch.seqs[0].block_table[4], step.batch.seqs[1].block_table[4]);
+  s.Complete(step, Sampled(step, 9));
+  s.Release(2);
+  s.Release(3);
+  EXPECT_EQ(s.kv().num_free_blocks(), 16);
+}
+
+TEST(SchedulerTest, PrefixCachingOffComputesEveryToken) {
+  const ModelConfig config = Config();
+  Scheduler s({.role = SchedulerRole::kPrefill}, config, 16, 8);
+  for (SeqId id : {1, 2}) {
+    ASSERT_TRUE(s.AddPrompt(id, Prompt(40), MaxTokens(1)).ok());
+    ScheduledStep step = s.Schedule();
+    ASSERT_EQ(step.ids, std::vector<SeqId>{id});
+    EXPECT_EQ(step.batch.seqs[0].num_cached, 0);
+    EXPECT_EQ(step.prefix_query_tokens, 0);
+    s.Complete(step, Sampled(step, 9));
+    s.Release(id);
+    EXPECT_EQ(s.kv().num_evictable_blocks(), 0);
+  }
+}
+
+TEST(SchedulerTest, AdmissionsTakeTheirCachedBlocksBeforeAnyFreshBlock) {
+  const ModelConfig config = Config();
+  Scheduler s({.role = SchedulerRole::kPrefill, .enable_prefix_caching = true}, config, 8, 4);
+  // Prompt A, then prompt B, computed and released: evictable A1 A0 B1 B0,
+  // least recently freed first, and four plain free blocks.
+  const std::vector<int32_t> a = {1, 1, 1, 1, 2, 2, 2, 2}, b = {3, 3, 3, 3, 4, 4, 4, 4};
+  for (auto [id, prompt] : {std::pair<SeqId, std::vector<int32_t>>{1, a}, {2, b}}) {
+    ASSERT_TRUE(s.AddPrompt(id, prompt, MaxTokens(1)).ok());
+    ScheduledStep step = s.Schedule();
+    s.Complete(step, Sampled(step, 9));
+    s.Release(id);
+  }
+  ASSERT_EQ(s.kv().num_evictable_blocks(), 4);
+  // A fresh 20-token prompt (5 blocks: the 4 plain ones and an evictable
+  // one), then A plus one token (its 2 cached blocks and 1 fresh): 8 in
+  // all. Were the fresh prompt's blocks taken first, it would evict A1.
+  std::vector<int32_t> fresh(20, 5), a_more = a;
+  a_more.push_back(6);
+  ASSERT_TRUE(s.AddPrompt(3, fresh, MaxTokens(1)).ok());
+  ASSERT_TRUE(s.AddPrompt(4, a_more, MaxTokens(1)).ok());
+  ScheduledStep step = s.Schedule();
+  ASSERT_EQ(step.ids, (std::vector<SeqId>{3, 4}));
+  EXPECT_EQ(step.batch.seqs[0].num_cached, 0);
+  EXPECT_EQ(step.batch.seqs[1].num_cached, 8);
+  EXPECT_EQ(step.batch.seqs[1].tokens.size(), 1u);
+  EXPECT_EQ(s.kv().num_free_blocks(), 0);
+  s.Complete(step, Sampled(step, 9));
+}
+
+// Colocated, lazy growth with no headroom: two requests fill the cache,
+// then the older one's growth preempts the newer, which comes back after it
+// finishes and is recomputed from its prompt and generated tokens.
+TEST(SchedulerTest, GrowthPreemptsTheNewestWhichIsRecomputedFromItsKnownTokens) {
+  const ModelConfig config = Config();
+  Scheduler s({.role = SchedulerRole::kColocated, .kv_headroom_tokens = 0}, config, 6, 4);
+  ASSERT_TRUE(s.AddPrompt(1, Prompt(8), MaxTokens(12)).ok());
+  ASSERT_TRUE(s.AddPrompt(2, Prompt(8), MaxTokens(12)).ok());
+  ScheduledStep step = s.Schedule();  // both prompts: 2 blocks each, not 5
+  ASSERT_EQ(step.ids, (std::vector<SeqId>{1, 2}));
+  EXPECT_EQ(s.kv().num_free_blocks(), 2);
+  s.Complete(step, Sampled(step, 10));
+  int preempted_at = -1;
+  for (int i = 0; i < 40 && preempted_at < 0; ++i) {
+    step = s.Schedule();
+    if (!step.preempted.empty()) {
+      EXPECT_EQ(step.preempted, std::vector<SeqId>{2});
+      EXPECT_EQ(step.ids, std::vector<SeqId>{1});
+      preempted_at = i;
+    }
+    s.Complete(step, Sampled(step, 11 + i));
+  }
+  // Both grew into the two free blocks at token 9; the older needed a fifth
+  // block at token 13 and took the newer's three.
+  ASSERT_EQ(preempted_at, 4);
+  const Scheduler::Sequence* two = s.Find(2);
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->state, Scheduler::State::kWaiting);
+  EXPECT_EQ(two->num_computed, 0);
+  EXPECT_EQ(two->tokens.size(), 13u);  // prompt + 5 generated, kept
+  EXPECT_EQ(two->num_preemptions, 1);
+  EXPECT_EQ(s.num_available_blocks(), 0);
+  // Sequence 1 runs to its 12 tokens, then 2 is readmitted: one step over
+  // its 13 known tokens from position 0, sampling its 6th token.
+  std::vector<SequenceUpdate> u;
+  for (int i = 0; i < 40; ++i) {
+    step = s.Schedule();
+    ASSERT_FALSE(step.empty());
+    if (step.ids == std::vector<SeqId>{2}) break;
+    u = s.Complete(step, Sampled(step, 30 + i));
+  }
+  EXPECT_EQ(u.back().id, 1u);
+  EXPECT_EQ(u.back().finish, FinishReason::kLength);
+  ASSERT_EQ(step.batch.seqs.size(), 1u);
+  const StepSequence& recompute = step.batch.seqs[0];
+  EXPECT_EQ(recompute.num_cached, 0);
+  EXPECT_EQ(recompute.tokens.size(), 13u);
+  ASSERT_NE(recompute.sampling, nullptr);
+  EXPECT_EQ(recompute.history.generated.size(), 5u);  // the draw of its 6th token
+  EXPECT_TRUE(step.prompt_work);
+  u = s.Complete(step, Sampled(step, 50));
+  EXPECT_EQ(u[0].token->token, 50);
+  while (s.Find(2) != nullptr) {
+    step = s.Schedule();
+    ASSERT_FALSE(step.empty());
+    s.Complete(step, Sampled(step, 51));
+  }
+  EXPECT_EQ(s.kv().num_free_blocks(), 6);
+}
+
+TEST(SchedulerTest, DecodeRoleReservesThePromptPlusHeadroomAndKeepsSlotsForPreempted) {
+  const ModelConfig config = Config();
+  Scheduler s(
+      {.role = SchedulerRole::kDecode, .plan = {.max_num_seqs = 4}, .kv_headroom_tokens = 4},
+      config, 8, 4);
+  // 6 + 4 tokens: 3 blocks, not the 6 + 20 - 1 of the whole request.
+  absl::StatusOr<std::span<const int32_t>> table = s.AddRemote(1, Prompt(6), MaxTokens(20));
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ(table->size(), 3u);
+  // A request larger than the whole cache is refused at once.
+  EXPECT_EQ(s.AddRemote(2, Prompt(6), MaxTokens(40)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(s.AddRemote(3, Prompt(6), MaxTokens(20)).ok());
+  EXPECT_EQ(s.kv().num_free_blocks(), 2);
+  EXPECT_EQ(s.AddRemote(4, Prompt(6), MaxTokens(20)).status().code(),
+            absl::StatusCode::kResourceExhausted);  // 3 blocks, 2 free
+  ASSERT_EQ(*s.StartDecoding(1, 9), FinishReason::kNone);
+  ASSERT_EQ(*s.StartDecoding(3, 9), FinishReason::kNone);
+  // Decode until sequence 1 has to preempt sequence 3.
+  ScheduledStep step;
+  for (int i = 0; i < 30; ++i) {
+    step = s.Schedule();
+    if (!step.preempted.empty()) break;
+    s.Complete(step, Sampled(step, 9));
+  }
+  ASSERT_EQ(step.preempted, std::vector<SeqId>{3});
+  s.Complete(step, Sampled(step, 9));
+  EXPECT_EQ(s.num_waiting(), 1);
+  // What the preempted sequence needs is not available to newcomers.
+  EXPECT_LT(s.num_available_blocks(), s.kv().num_free_blocks() + 1);
+  EXPECT_EQ(s.AddRemote(5, Prompt(1), MaxTokens(1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(SchedulerTest, RandomWorkloadNeverLosesABlockAndAlwaysDrains) {
+  const ModelConfig config = Config();
+  struct Variant {
+    SchedulerRole role;
+    bool caching;
+    int headroom;
+  };
+  for (const Variant& v :
+       {Variant{SchedulerRole::kPrefill, false, -1}, Variant{SchedulerRole::kPrefill, true, -1},
+        Variant{SchedulerRole::kColocated, false, -1}, Variant{SchedulerRole::kColocated, true, 0},
+        Variant{SchedulerRole::kColocated, false, 3}}) {
+    SCOPED_TRACE(absl::StrCat(std::string(SchedulerRoleName(v.role)), " caching=", v.caching,
+                              " headroom=", v.headroom));
+    Scheduler s({.role = v.role,
+                 .plan = {.max_batch_tokens = 64, .max_prefill_chunk_tokens = 24},
+                 .enable_prefix_caching = v.caching,
+                 .kv_headroom_tokens = v.headroom},
                 config, 24, 8);
     std::mt19937 rng(11);
     SeqId next = 1;
+    int preemptions = 0;
+    auto run_step = [&](bool faults) {
+      ScheduledStep step = s.Schedule();
+      preemptions += static_cast<int>(step.preempted.size());
+      EXPECT_TRUE(step.failed.empty());  // nothing can outgrow the cache
+      if (step.empty()) return false;
+      if (faults && rng() % 20 == 0) s.Cancel(step.ids[rng() % step.ids.size()]);
+      std::vector<SequenceUpdate> updates =
+          faults && rng() % 50 == 0
+              ? s.Complete(step, absl::InternalError("x"))
+              : s.Complete(step, Sampled(step, static_cast<int32_t>(3 + rng() % 10)));
+      for (const SequenceUpdate& u : updates) {
+        if (v.role == SchedulerRole::kPrefill && u.token.has_value()) s.Release(u.id);
+      }
+      return true;
+    };
     for (int op = 0; op < 3000; ++op) {
       const int kind = static_cast<int>(rng() % 6);
       if (kind == 0) {
-        (void)s.AddPrompt(next++, Prompt(1 + static_cast<int>(rng() % 70)),
-                          MaxTokens(1 + static_cast<int>(rng() % 20)));
+        // Prompts of 7s share prefixes; a random tail makes them differ.
+        std::vector<int32_t> prompt = Prompt(1 + static_cast<int>(rng() % 50));
+        for (int t = 0; t < static_cast<int>(rng() % 20); ++t) prompt.push_back(rng() % 50);
+        (void)s.AddPrompt(next++, prompt, MaxTokens(1 + static_cast<int>(rng() % 60)));
       } else if (kind == 1 && next > 1) {
         s.Cancel(1 + rng() % (next - 1));
       } else {
-        ScheduledStep step = s.Schedule();
-        if (step.empty()) continue;
-        if (rng() % 20 == 0 && next > 1) s.Cancel(step.ids[rng() % step.ids.size()]);
-        std::vector<SequenceUpdate> updates =
-            rng() % 50 == 0 ? s.Complete(step, absl::InternalError("x"))
-                            : s.Complete(step, Sampled(step, static_cast<int32_t>(rng() % 10)));
-        for (const SequenceUpdate& u : updates) {
-          if (role == SchedulerRole::kPrefill && u.token.has_value()) s.Release(u.id);
-        }
+        run_step(/*faults=*/true);
       }
       ASSERT_EQ(s.kv().num_used_blocks() == 0, s.num_holding() == 0) << "op " << op;
     }
-    // Drain: everything finishes or is cancelled, and every block comes back.
-    for (SeqId id = 1; id < next; ++id) s.Cancel(id);
-    EXPECT_EQ(s.kv().num_free_blocks(), 24) << SchedulerRoleName(role);
+    // Drain without cancelling: every request runs to its end (preemption
+    // never loops), and every block comes back.
+    int steps = 0;
+    while (s.num_holding() + s.num_waiting() > 0 && steps < 20000) {
+      run_step(/*faults=*/false);
+      ++steps;
+    }
+    EXPECT_LT(steps, 20000) << "did not drain";
+    EXPECT_EQ(s.kv().num_free_blocks(), 24);
     EXPECT_EQ(s.num_holding() + s.num_waiting(), 0);
+    if (v.headroom >= 0) EXPECT_GT(preemptions, 0) << "the workload should exercise preemption";
   }
 }
 

@@ -176,6 +176,23 @@ TEST_F(NcclTest, WatchdogAbortUnblocksASendWhosePeerNeverReceives) {
   EXPECT_EQ(ncclCommAbort(comms_[1]), ncclSuccess);
 }
 
+TEST_F(NcclTest, OperationsQueuedBehindAStuckSendCompleteAfterAbort) {
+  InitBoth();
+  DeviceBuffer<float> src(Values(100, 0));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(ncclSend(src.get(), 100, ncclFloat32, 1, comms_[0], streams_[0]), ncclSuccess);
+  }
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ncclCommAbort(comms_[0]), ncclSuccess);
+  });
+  // The first send is unblocked; the two behind it run on an aborted
+  // communicator and complete at once.
+  EXPECT_EQ(cudaStreamSynchronize(streams_[0]), cudaSuccess);
+  watchdog.join();
+  EXPECT_EQ(ncclCommAbort(comms_[1]), ncclSuccess);
+}
+
 TEST_F(NcclTest, WatchdogAbortUnblocksAReceiveThatNeverGetsData) {
   InitBoth();
   DeviceBuffer<float> dst(500);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
@@ -24,7 +25,13 @@ using ::testing::HasSubstr;
 using testing::kWait;
 using testing::RandomLayers;
 using testing::RecordingSink;
+using testing::Side;
 using testing::SmallSpec;
+
+// The shape every fixture transfer fits: up to 8 layers, SmallSpec's heads.
+// The two sides use different block sizes, and allocate blocks in different
+// shuffled orders.
+const TransferSpec kShape = SmallSpec(8);
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
@@ -45,21 +52,44 @@ TcpSenderOptions FastSenderOptions() {
   return o;
 }
 
+std::unique_ptr<KvSender> MakeSender(std::span<const engine::KvRegion> regions,
+                                     TcpSenderOptions options = FastSenderOptions()) {
+  auto sender = TcpKvSender::Create(regions, std::move(options));
+  EXPECT_TRUE(sender.ok()) << sender.status();
+  return sender.ok() ? std::move(*sender) : nullptr;
+}
+
 class TcpTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, FastReceiverOptions());
+    auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, dst_.regions(), FastReceiverOptions());
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = std::move(*receiver);
-    sender_ = TcpKvSender::Create(FastSenderOptions());
+    sender_ = MakeSender(src_.regions());
   }
 
-  // Sends `layers` in `order`, then Finish; the session is dropped right after
-  // Finish (the usual caller pattern). Returns the SendLayer errors, if any.
-  absl::Status SendAll(SendSession& session, const std::vector<std::vector<std::byte>>& layers,
+  // Expects transfer `id` into fresh destination blocks; `sink` reads each
+  // finished layer back out of them.
+  absl::Status Expect(TransferId id, const TransferSpec& spec, std::shared_ptr<RecordingSink> sink,
+                      absl::Duration timeout, KvReceiver* receiver = nullptr) {
+    const std::vector<int32_t>& table = dst_.Table(id, spec.num_tokens);
+    if (sink != nullptr) sink->Watch(&dst_.kv(), table, spec.num_tokens);
+    return (receiver != nullptr ? receiver : receiver_.get())
+        ->Expect(id, spec, table, std::move(sink), timeout);
+  }
+  // Stages `payload` (one layer of transfer `id`) into the source blocks and
+  // queues it.
+  absl::Status Send(SendSession& session, TransferId id, int layer,
+                    const std::vector<std::byte>& payload) {
+    const int tokens = static_cast<int>(payload.size() / (2 * kShape.TokenBytes()));
+    return testing::SendPayload(session, src_, id, layer, payload, tokens);
+  }
+  // Sends `layers` in `order`. Returns the SendLayer errors, if any.
+  absl::Status SendAll(SendSession& session, TransferId id,
+                       const std::vector<std::vector<std::byte>>& layers,
                        const std::vector<int>& order) {
     for (int i : order) {
-      absl::Status s = session.SendLayer(i, layers[i]);
+      absl::Status s = Send(session, id, i, layers[i]);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -78,6 +108,8 @@ class TcpTransportTest : public ::testing::Test {
     }
   }
 
+  Side src_{kShape, 512, 5, 11};
+  Side dst_{kShape, 1024, 4, 12};
   std::unique_ptr<KvReceiver> receiver_;
   std::unique_ptr<KvSender> sender_;
 };
@@ -93,11 +125,11 @@ TEST_F(TcpTransportTest, FullTransferIsByteExactAndDeliversFirstToken) {
   const TransferSpec spec = SmallSpec(6, 16);
   const auto layers = RandomLayers(spec, 1);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(7, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(7, spec, sink, kWait).ok());
 
   auto session = sender_->Open(receiver_->endpoint(), 7, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(SendAll(**session, layers, InOrder(spec.num_layers)).ok());
+  ASSERT_TRUE(SendAll(**session, 7, layers, InOrder(spec.num_layers)).ok());
   DoneWaiter done;
   (*session)->Finish(31337, done.Callback());
   session->reset();  // dropping the session after Finish must not abort it
@@ -120,11 +152,20 @@ TEST_F(TcpTransportTest, LargeLayersSurvivePartialWrites) {
   spec.num_kv_heads = 8;
   spec.head_dim = 64;
   const auto layers = RandomLayers(spec, 2);
+  Side src(spec, 2048 / 16, 16, 21);
+  Side dst(spec, 2048 / 32, 32, 22);
+  auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, dst.regions(), FastReceiverOptions());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  auto sender = MakeSender(src.regions());
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(8, spec, sink, absl::Seconds(20)).ok());
-  auto session = sender_->Open(receiver_->endpoint(), 8, spec);
+  sink->Watch(&dst.kv(), dst.Table(8, spec.num_tokens), spec.num_tokens);
+  ASSERT_TRUE(
+      (*receiver)->Expect(8, spec, dst.Table(8, spec.num_tokens), sink, absl::Seconds(20)).ok());
+  auto session = sender->Open((*receiver)->endpoint(), 8, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(SendAll(**session, layers, InOrder(spec.num_layers)).ok());
+  for (int i = 0; i < spec.num_layers; ++i) {
+    ASSERT_TRUE(testing::SendPayload(**session, src, 8, i, layers[i], spec.num_tokens).ok());
+  }
   DoneWaiter done;
   (*session)->Finish(-5, done.Callback());
   auto sent = done.Wait(absl::Seconds(20));
@@ -136,14 +177,95 @@ TEST_F(TcpTransportTest, LargeLayersSurvivePartialWrites) {
   ExpectReceivedExactly(*sink, layers);
 }
 
+TEST_F(TcpTransportTest, LayersInTokenChunksAcrossBlockLayoutsAreByteExact) {
+  // Chunks of 5, 6 and 5 tokens: boundaries fall inside blocks of 5
+  // (sender) and 4 (receiver) tokens, layers interleaved.
+  const TransferSpec spec = SmallSpec(3, 16);
+  const auto layers = RandomLayers(spec, 41);
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(Expect(42, spec, sink, kWait).ok());
+  auto session = sender_->Open(receiver_->endpoint(), 42, spec);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::vector<int32_t>& table = src_.Table(42, spec.num_tokens);
+  for (int i = 0; i < spec.num_layers; ++i) src_.kv().WriteLayer(i, table, layers[i]);
+  const int bounds[] = {0, 5, 11, 16};
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < spec.num_layers; ++i) {
+      ASSERT_TRUE((*session)
+                      ->SendLayer({.layer = i,
+                                   .token_begin = bounds[c],
+                                   .num_tokens = bounds[c + 1] - bounds[c],
+                                   .block_table = table})
+                      .ok());
+    }
+  }
+  DoneWaiter done;
+  (*session)->Finish(4, done.Callback());
+  auto sent = done.Wait();
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_TRUE(sent->ok()) << *sent;
+  auto result = sink->WaitResult();
+  ASSERT_TRUE(result.has_value() && result->ok());
+  EXPECT_EQ(sink->layer_calls(), 9);
+  ExpectReceivedExactly(*sink, layers);
+}
+
+TEST_F(TcpTransportTest, SequentialTransfersShareOnePooledConnection) {
+  const TransferSpec spec = SmallSpec(2);
+  for (TransferId id = 50; id < 55; ++id) {
+    const auto layers = RandomLayers(spec, static_cast<uint32_t>(id));
+    auto sink = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(Expect(id, spec, sink, kWait).ok());
+    auto session = sender_->Open(receiver_->endpoint(), id, spec);
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(SendAll(**session, id, layers, InOrder(2)).ok());
+    DoneWaiter done;
+    (*session)->Finish(static_cast<int32_t>(id), done.Callback());
+    auto sent = done.Wait();
+    ASSERT_TRUE(sent.has_value());
+    ASSERT_TRUE(sent->ok()) << *sent;
+    auto result = sink->WaitResult();
+    ASSERT_TRUE(result.has_value() && result->ok());
+    EXPECT_EQ(**result, static_cast<int32_t>(id));
+    ExpectReceivedExactly(*sink, layers);
+  }
+  EXPECT_EQ(static_cast<TcpKvReceiver*>(receiver_.get())->connections_accepted(), 1);
+}
+
+TEST_F(TcpTransportTest, ConnectionClosedByTheReceiverIsReplaced) {
+  TcpReceiverOptions options = FastReceiverOptions();
+  options.idle_timeout = absl::Milliseconds(100);  // below the sender's: closes first
+  auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, dst_.regions(), options);
+  ASSERT_TRUE(receiver.ok());
+  const TransferSpec spec = SmallSpec(2);
+  for (TransferId id = 60; id < 62; ++id) {
+    const auto layers = RandomLayers(spec, static_cast<uint32_t>(id));
+    auto sink = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(Expect(id, spec, sink, kWait, receiver->get()).ok());
+    auto session = sender_->Open((*receiver)->endpoint(), id, spec);
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(SendAll(**session, id, layers, InOrder(2)).ok());
+    DoneWaiter done;
+    (*session)->Finish(1, done.Callback());
+    auto sent = done.Wait();
+    ASSERT_TRUE(sent.has_value());
+    EXPECT_TRUE(sent->ok()) << *sent;
+    auto result = sink->WaitResult();
+    ASSERT_TRUE(result.has_value() && result->ok()) << id;
+    ExpectReceivedExactly(*sink, layers);
+    absl::SleepFor(absl::Milliseconds(400));  // the receiver drops the idle connection
+  }
+  EXPECT_EQ((*receiver)->connections_accepted(), 2);
+}
+
 TEST_F(TcpTransportTest, LayersMaySendOutOfOrder) {
   const TransferSpec spec = SmallSpec(5);
   const auto layers = RandomLayers(spec, 3);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(9, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(9, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 9, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(SendAll(**session, layers, {3, 0, 4, 2, 1}).ok());
+  ASSERT_TRUE(SendAll(**session, 9, layers, {3, 0, 4, 2, 1}).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
@@ -168,11 +290,18 @@ TEST_P(SpecMismatchTest, RefusedOnBothSidesNamingTheField) {
   TransferSpec sent_spec = expected;
   GetParam().change(sent_spec);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(11, expected, sink, kWait).ok());
-  auto session = sender_->Open(receiver_->endpoint(), 11, sent_spec);
+  ASSERT_TRUE(Expect(11, expected, sink, kWait).ok());
+  // A sender whose own regions hold what it announces.
+  Side sent_side(sent_spec, 64, 5, 31);
+  auto sender = MakeSender(sent_side.regions());
+  auto session = sender->Open(receiver_->endpoint(), 11, sent_spec);
   ASSERT_TRUE(session.ok()) << session.status();
   const auto layers = RandomLayers(sent_spec, 4);
-  (*session)->SendLayer(0, layers[0]).IgnoreError();  // may or may not fail yet
+  auto send = [&](int layer) {
+    return testing::SendPayload(**session, sent_side, 11, layer, layers[layer],
+                                sent_spec.num_tokens);
+  };
+  send(0).IgnoreError();  // may or may not fail yet
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
 
@@ -187,7 +316,7 @@ TEST_P(SpecMismatchTest, RefusedOnBothSidesNamingTheField) {
   EXPECT_THAT(Msg(result->status()), HasSubstr(absl::StrCat("spec mismatch: ", GetParam().field)));
   EXPECT_EQ(sink->layer_calls(), 0);
   // The failure is sticky on the sender side.
-  EXPECT_FALSE((*session)->SendLayer(1, layers[1]).ok());
+  EXPECT_FALSE(send(1).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -202,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(
                      },
                      "dtype"},
         MismatchCase{"num_tokens", [](TransferSpec& s) { s.num_tokens += 1; }, "num_tokens"},
-        MismatchCase{"num_layers", [](TransferSpec& s) { s.num_layers += 1; }, "num_layers"}),
+        MismatchCase{"num_layers", [](TransferSpec& s) { s.num_layers += 1; }, "num_layers"},
+        MismatchCase{"layout", [](TransferSpec& s) { s.layout = "paged_hnd"; }, "layout"}),
     [](const ::testing::TestParamInfo<MismatchCase>& info) { return info.param.name; });
 
 TEST_F(TcpTransportTest, UnknownTransferIdIsRefused) {
@@ -221,10 +351,10 @@ TEST_F(TcpTransportTest, SecondConnectionForSameIdIsRefusedFirstCompletes) {
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 5);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(12, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(12, spec, sink, kWait).ok());
   auto first = sender_->Open(receiver_->endpoint(), 12, spec);
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE((*first)->SendLayer(0, layers[0]).ok());
+  ASSERT_TRUE(Send(**first, 12, 0, layers[0]).ok());
   ASSERT_TRUE(sink->WaitLayers(1));  // the first connection has claimed the id
   auto second = sender_->Open(receiver_->endpoint(), 12, spec);
   ASSERT_TRUE(second.ok());
@@ -234,7 +364,7 @@ TEST_F(TcpTransportTest, SecondConnectionForSameIdIsRefusedFirstCompletes) {
   ASSERT_TRUE(refused.has_value());
   EXPECT_THAT(Msg(*refused), HasSubstr("already has a sender connection"));
 
-  ASSERT_TRUE((*first)->SendLayer(1, layers[1]).ok());
+  ASSERT_TRUE(Send(**first, 12, 1, layers[1]).ok());
   DoneWaiter first_done;
   (*first)->Finish(2, first_done.Callback());
   auto sent = first_done.Wait();
@@ -249,10 +379,10 @@ TEST_F(TcpTransportTest, SenderAbortReachesReceiverWithMessage) {
   const TransferSpec spec = SmallSpec();
   const auto layers = RandomLayers(spec, 6);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(13, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(13, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 13, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
+  ASSERT_TRUE(Send(**session, 13, 0, layers[0]).ok());
   (*session)->Abort(absl::InternalError("prefill ran out of memory"));
 
   auto result = sink->WaitResult();
@@ -260,7 +390,7 @@ TEST_F(TcpTransportTest, SenderAbortReachesReceiverWithMessage) {
   EXPECT_EQ(result->status().code(), absl::StatusCode::kAborted) << result->status();
   EXPECT_THAT(Msg(result->status()), HasSubstr("prefill ran out of memory"));
   // The session is over for the caller too.
-  EXPECT_FALSE((*session)->SendLayer(1, layers[1]).ok());
+  EXPECT_FALSE(Send(**session, 13, 1, layers[1]).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
@@ -271,7 +401,7 @@ TEST_F(TcpTransportTest, SenderAbortReachesReceiverWithMessage) {
 TEST_F(TcpTransportTest, AbortRightAfterOpenStillDeliversTheMessage) {
   const TransferSpec spec = SmallSpec();
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(14, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(14, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 14, spec);
   ASSERT_TRUE(session.ok());
   (*session)->Abort(absl::CancelledError("client went away"));
@@ -284,12 +414,12 @@ TEST_F(TcpTransportTest, DroppingSessionMidTransferFailsReceiver) {
   const TransferSpec spec = SmallSpec();
   const auto layers = RandomLayers(spec, 7);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(15, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(15, spec, sink, kWait).ok());
   {
     auto session = sender_->Open(receiver_->endpoint(), 15, spec);
     ASSERT_TRUE(session.ok());
-    ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
-    ASSERT_TRUE((*session)->SendLayer(1, layers[1]).ok());
+    ASSERT_TRUE(Send(**session, 15, 0, layers[0]).ok());
+    ASSERT_TRUE(Send(**session, 15, 1, layers[1]).ok());
   }  // destroyed without Finish
   auto result = sink->WaitResult();
   ASSERT_TRUE(result.has_value()) << "receiver hung after the sender went away";
@@ -301,10 +431,10 @@ TEST_F(TcpTransportTest, ReceiverCancelMidTransfer) {
   const TransferSpec spec = SmallSpec(4);
   const auto layers = RandomLayers(spec, 8);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(16, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(16, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 16, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
+  ASSERT_TRUE(Send(**session, 16, 0, layers[0]).ok());
   ASSERT_TRUE(sink->WaitLayers(1));
 
   receiver_->Cancel(16);
@@ -314,7 +444,7 @@ TEST_F(TcpTransportTest, ReceiverCancelMidTransfer) {
   EXPECT_EQ(result->status().code(), absl::StatusCode::kCancelled) << result->status();
 
   for (int i = 1; i < spec.num_layers; ++i) {
-    (*session)->SendLayer(i, layers[i]).IgnoreError();  // may already report the failure
+    Send(**session, 16, i, layers[i]).IgnoreError();  // may already report the failure
   }
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
@@ -331,7 +461,7 @@ TEST_F(TcpTransportTest, ReceiverCancelMidTransfer) {
 TEST_F(TcpTransportTest, CancelBeforeSenderConnects) {
   const TransferSpec spec = SmallSpec();
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(17, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(17, spec, sink, kWait).ok());
   receiver_->Cancel(17);
   auto result = sink->WaitResult(absl::ZeroDuration());
   ASSERT_TRUE(result.has_value());
@@ -348,7 +478,7 @@ TEST_F(TcpTransportTest, CancelBeforeSenderConnects) {
 TEST_F(TcpTransportTest, ExpectTimesOutWithoutSender) {
   auto sink = std::make_shared<RecordingSink>();
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(receiver_->Expect(18, SmallSpec(), sink, absl::Milliseconds(200)).ok());
+  ASSERT_TRUE(Expect(18, SmallSpec(), sink, absl::Milliseconds(200)).ok());
   auto result = sink->WaitResult();
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->status().code(), absl::StatusCode::kDeadlineExceeded) << result->status();
@@ -360,10 +490,10 @@ TEST_F(TcpTransportTest, ExpectTimesOutWhenSenderStalls) {
   const TransferSpec spec = SmallSpec(3);
   const auto layers = RandomLayers(spec, 9);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(19, spec, sink, absl::Milliseconds(400)).ok());
+  ASSERT_TRUE(Expect(19, spec, sink, absl::Milliseconds(400)).ok());
   auto session = sender_->Open(receiver_->endpoint(), 19, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
+  ASSERT_TRUE(Send(**session, 19, 0, layers[0]).ok());
   auto result = sink->WaitResult();
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->status().code(), absl::StatusCode::kDeadlineExceeded) << result->status();
@@ -378,7 +508,7 @@ TEST_F(TcpTransportTest, ExpectTimesOutWhenSenderStalls) {
 TEST_F(TcpTransportTest, ConnectToClosedPortIsUnavailable) {
   std::string endpoint;
   {
-    auto closed = TcpKvReceiver::Create("127.0.0.1", 0);
+    auto closed = TcpKvReceiver::Create("127.0.0.1", 0, dst_.regions());
     ASSERT_TRUE(closed.ok());
     endpoint = (*closed)->endpoint();
   }
@@ -398,19 +528,29 @@ TEST_F(TcpTransportTest, SendLayerValidatesArguments) {
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 10);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(20, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(20, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 20, spec);
   ASSERT_TRUE(session.ok());
-  EXPECT_EQ((*session)->SendLayer(2, layers[0]).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->SendLayer(-1, layers[0]).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->SendLayer(0, std::vector<std::byte>(3)).code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
-  EXPECT_EQ((*session)->SendLayer(0, layers[0]).code(), absl::StatusCode::kAlreadyExists);
-  ASSERT_TRUE((*session)->SendLayer(1, layers[1]).ok());
+  const std::vector<int32_t>& table = src_.Table(20, spec.num_tokens);
+  auto chunk = [&](int layer, int begin, int count, std::span<const int32_t> blocks) {
+    return (*session)->SendLayer(
+        {.layer = layer, .token_begin = begin, .num_tokens = count, .block_table = blocks});
+  };
+  EXPECT_EQ(chunk(2, 0, 8, table).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chunk(-1, 0, 8, table).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chunk(0, 0, 0, table).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chunk(0, 4, 8, table).code(), absl::StatusCode::kInvalidArgument);  // past the end
+  EXPECT_EQ(chunk(0, 4, 4, table).code(), absl::StatusCode::kInvalidArgument);  // skips [0, 4)
+  // A table that does not cover the tokens, or names a block that is not there.
+  EXPECT_EQ(chunk(0, 0, 8, std::span(table).first(1)).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> bad_block = {table[0], 9999};
+  EXPECT_EQ(chunk(0, 0, 8, bad_block).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Send(**session, 20, 0, layers[0]).ok());
+  EXPECT_EQ(Send(**session, 20, 0, layers[0]).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(Send(**session, 20, 1, layers[1]).ok());
   DoneWaiter done;
   (*session)->Finish(3, done.Callback());
-  EXPECT_EQ((*session)->SendLayer(1, layers[1]).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Send(**session, 20, 1, layers[1]).code(), absl::StatusCode::kFailedPrecondition);
   auto sent = done.Wait();
   ASSERT_TRUE(sent.has_value());
   EXPECT_TRUE(sent->ok()) << *sent;  // rejected calls did not disturb the transfer
@@ -418,14 +558,12 @@ TEST_F(TcpTransportTest, SendLayerValidatesArguments) {
 
 TEST_F(TcpTransportTest, ExpectValidatesArguments) {
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_EQ(receiver_->Expect(1, SmallSpec(0), sink, kWait).code(),
+  EXPECT_EQ(Expect(1, SmallSpec(0), sink, kWait).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Expect(1, SmallSpec(), nullptr, kWait).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Expect(1, SmallSpec(), sink, absl::ZeroDuration()).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(receiver_->Expect(1, SmallSpec(), nullptr, kWait).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(receiver_->Expect(1, SmallSpec(), sink, absl::ZeroDuration()).code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(receiver_->Expect(1, SmallSpec(), sink, kWait).ok());
-  EXPECT_EQ(receiver_->Expect(1, SmallSpec(), std::make_shared<RecordingSink>(), kWait).code(),
+  ASSERT_TRUE(Expect(1, SmallSpec(), sink, kWait).ok());
+  EXPECT_EQ(Expect(1, SmallSpec(), std::make_shared<RecordingSink>(), kWait).code(),
             absl::StatusCode::kAlreadyExists);
 }
 
@@ -437,7 +575,7 @@ TEST_F(TcpTransportTest, SixteenConcurrentTransfersThroughOneReceiver) {
   for (int i = 0; i < kTransfers; ++i) {
     sinks.push_back(std::make_shared<RecordingSink>());
     payloads.push_back(RandomLayers(spec, 100 + i));
-    ASSERT_TRUE(receiver_->Expect(1000 + i, spec, sinks[i], absl::Seconds(10)).ok());
+    ASSERT_TRUE(Expect(1000 + i, spec, sinks[i], absl::Seconds(10)).ok());
   }
   std::vector<DoneWaiter> dones(kTransfers);
   std::vector<absl::Status> open_status(kTransfers);
@@ -451,7 +589,7 @@ TEST_F(TcpTransportTest, SixteenConcurrentTransfersThroughOneReceiver) {
       }
       std::vector<int> order = InOrder(spec.num_layers);
       std::rotate(order.begin(), order.begin() + i % spec.num_layers, order.end());
-      open_status[i] = SendAll(**session, payloads[i], order);
+      open_status[i] = SendAll(**session, 1000 + i, payloads[i], order);
       (*session)->Finish(i, dones[i].Callback());
     });
   }
@@ -475,12 +613,12 @@ TEST_F(TcpTransportTest, DestroyingReceiverCompletesEveryPendingSink) {
   auto connected = std::make_shared<RecordingSink>();
   auto idle_a = std::make_shared<RecordingSink>();
   auto idle_b = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(21, spec, connected, kWait).ok());
-  ASSERT_TRUE(receiver_->Expect(22, spec, idle_a, kWait).ok());
-  ASSERT_TRUE(receiver_->Expect(23, spec, idle_b, kWait).ok());
+  ASSERT_TRUE(Expect(21, spec, connected, kWait).ok());
+  ASSERT_TRUE(Expect(22, spec, idle_a, kWait).ok());
+  ASSERT_TRUE(Expect(23, spec, idle_b, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 21, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
+  ASSERT_TRUE(Send(**session, 21, 0, layers[0]).ok());
   ASSERT_TRUE(connected->WaitLayers(1));
 
   receiver_.reset();  // joins everything; every sink has completed on return
@@ -491,7 +629,7 @@ TEST_F(TcpTransportTest, DestroyingReceiverCompletesEveryPendingSink) {
     EXPECT_EQ(sink->complete_calls(), 1);
   }
   DoneWaiter done;
-  (*session)->SendLayer(1, layers[1]).IgnoreError();
+  Send(**session, 21, 1, layers[1]).IgnoreError();
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
   ASSERT_TRUE(sent.has_value());
@@ -502,10 +640,10 @@ TEST_F(TcpTransportTest, SinkErrorFailsBothSides) {
   const TransferSpec spec = SmallSpec(4);
   const auto layers = RandomLayers(spec, 12);
   auto sink = std::make_shared<RecordingSink>(/*fail_on_layer=*/1);
-  ASSERT_TRUE(receiver_->Expect(24, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(24, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 24, spec);
   ASSERT_TRUE(session.ok());
-  for (int i = 0; i < spec.num_layers; ++i) (*session)->SendLayer(i, layers[i]).IgnoreError();
+  for (int i = 0; i < spec.num_layers; ++i) Send(**session, 24, i, layers[i]).IgnoreError();
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto result = sink->WaitResult();
@@ -523,11 +661,11 @@ TEST_F(TcpTransportTest, SessionMayBeDestroyedInsideDone) {
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 13);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(25, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(25, spec, sink, kWait).ok());
   auto opened = sender_->Open(receiver_->endpoint(), 25, spec);
   ASSERT_TRUE(opened.ok());
   std::shared_ptr<SendSession> session = std::move(*opened);
-  ASSERT_TRUE(SendAll(*session, layers, InOrder(2)).ok());
+  ASSERT_TRUE(SendAll(*session, 25, layers, InOrder(2)).ok());
   DoneWaiter done;
   auto notify = done.Callback();
   std::shared_ptr<SendSession> self = session;
@@ -565,7 +703,7 @@ TEST_F(TcpTransportTest, HandshakeTimeoutFailsSender) {
   ASSERT_TRUE(silent.ok());
   TcpSenderOptions options = FastSenderOptions();
   options.handshake_timeout = absl::Milliseconds(300);
-  auto sender = TcpKvSender::Create(options);
+  auto sender = MakeSender(src_.regions(), options);
   auto session =
       sender->Open(tcp::FormatTcpEndpoint("127.0.0.1", (*silent)->port()), 27, SmallSpec());
   ASSERT_TRUE(session.ok());
@@ -586,7 +724,7 @@ std::shared_ptr<tcp::Connection> RawConnect(const std::string& endpoint) {
 }
 
 absl::Status RawHandshake(tcp::Connection& conn, TransferId id, const TransferSpec& spec) {
-  const std::string header = tcp::MakeHeader(id, spec).SerializeAsString();
+  const std::string header = MakeHeader(id, spec).SerializeAsString();
   absl::Status s =
       tcp::WriteFrame(conn, tcp::FrameType::kHeader, std::as_bytes(std::span<const char>(header)),
                       absl::Now() + kWait);
@@ -615,7 +753,7 @@ class MalformedFrameTest : public TcpTransportTest,
 TEST_P(MalformedFrameTest, FailsTransferCleanly) {
   const TransferSpec spec = SmallSpec(2);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(30, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(30, spec, sink, kWait).ok());
   auto conn = RawConnect(receiver_->endpoint());
   ASSERT_NE(conn, nullptr);
   ASSERT_TRUE(RawHandshake(*conn, 30, spec).ok());
@@ -635,10 +773,10 @@ TEST_P(MalformedFrameTest, FailsTransferCleanly) {
   // The receiver is still healthy afterwards.
   const auto layers = RandomLayers(spec, 14);
   auto good_sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(31, spec, good_sink, kWait).ok());
+  ASSERT_TRUE(Expect(31, spec, good_sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 31, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(SendAll(**session, layers, InOrder(2)).ok());
+  ASSERT_TRUE(SendAll(**session, 31, layers, InOrder(2)).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
@@ -690,7 +828,7 @@ INSTANTIATE_TEST_SUITE_P(
                     absl::StatusCode::kFailedPrecondition, "layer 0 missing"},
         GarbageCase{"HeaderAfterHandshake",
                     [](tcp::Connection& c, const TransferSpec& spec) {
-                      const std::string h = tcp::MakeHeader(30, spec).SerializeAsString();
+                      const std::string h = MakeHeader(30, spec).SerializeAsString();
                       ASSERT_TRUE(tcp::WriteFrame(c, tcp::FrameType::kHeader,
                                                   std::as_bytes(std::span<const char>(h)),
                                                   absl::Now() + kWait)
@@ -736,10 +874,10 @@ TEST_F(TcpTransportTest, SilentConnectionDoesNotBlockOthers) {
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 15);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(32, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(32, spec, sink, kWait).ok());
   auto session = sender_->Open(receiver_->endpoint(), 32, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(SendAll(**session, layers, InOrder(2)).ok());
+  ASSERT_TRUE(SendAll(**session, 32, layers, InOrder(2)).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
@@ -750,12 +888,12 @@ TEST_F(TcpTransportTest, SilentConnectionDoesNotBlockOthers) {
 TEST_F(TcpTransportTest, ConnectionsBeyondCapacityAreRefused) {
   TcpReceiverOptions options = FastReceiverOptions();
   options.max_connections = 1;
-  auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, options);
+  auto receiver = TcpKvReceiver::Create("127.0.0.1", 0, dst_.regions(), options);
   ASSERT_TRUE(receiver.ok());
   auto occupant = RawConnect((*receiver)->endpoint());  // holds the only slot
   ASSERT_NE(occupant, nullptr);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE((*receiver)->Expect(33, SmallSpec(), sink, kWait).ok());
+  ASSERT_TRUE(Expect(33, SmallSpec(), sink, kWait, receiver->get()).ok());
   auto session = sender_->Open((*receiver)->endpoint(), 33, SmallSpec());
   ASSERT_TRUE(session.ok());
   DoneWaiter done;
@@ -770,11 +908,11 @@ TEST_F(TcpTransportTest, SenderMayBeDestroyedInsideDone) {
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 17);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(receiver_->Expect(34, spec, sink, kWait).ok());
-  std::shared_ptr<KvSender> sender = TcpKvSender::Create(FastSenderOptions());
+  ASSERT_TRUE(Expect(34, spec, sink, kWait).ok());
+  std::shared_ptr<KvSender> sender = MakeSender(src_.regions());
   auto session = sender->Open(receiver_->endpoint(), 34, spec);
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(SendAll(**session, layers, InOrder(2)).ok());
+  ASSERT_TRUE(SendAll(**session, 34, layers, InOrder(2)).ok());
   DoneWaiter done;
   auto notify = done.Callback();
   (*session)->Finish(3, [owner = sender, notify](absl::Status s) mutable {
@@ -859,11 +997,11 @@ TEST_F(TcpTransportTest, MissingFinalAckTimesOut) {
   NoFinalAckReceiver peer;
   TcpSenderOptions options = FastSenderOptions();
   options.final_ack_timeout = absl::Milliseconds(300);
-  auto sender = TcpKvSender::Create(options);
+  auto sender = MakeSender(src_.regions(), options);
   const TransferSpec spec = SmallSpec(1);
   auto session = sender->Open(peer.endpoint(), 35, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE((*session)->SendLayer(0, RandomLayers(spec, 18)[0]).ok());
+  ASSERT_TRUE(Send(**session, 35, 0, RandomLayers(spec, 18)[0]).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   auto sent = done.Wait();
@@ -878,7 +1016,7 @@ TEST_F(TcpTransportTest, AbortAfterFinishStopsWaitingForFinalAck) {
   const TransferSpec spec = SmallSpec(1);
   auto session = sender_->Open(peer.endpoint(), 36, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE((*session)->SendLayer(0, RandomLayers(spec, 19)[0]).ok());
+  ASSERT_TRUE(Send(**session, 36, 0, RandomLayers(spec, 19)[0]).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   for (int i = 0; i < 500 && !peer.saw_finish(); ++i) absl::SleepFor(absl::Milliseconds(5));
@@ -897,7 +1035,7 @@ TEST_F(TcpTransportTest, DestroyingSenderDuringFinalAckFailsDone) {
   const TransferSpec spec = SmallSpec(1);
   auto session = sender_->Open(peer.endpoint(), 37, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE((*session)->SendLayer(0, RandomLayers(spec, 20)[0]).ok());
+  ASSERT_TRUE(Send(**session, 37, 0, RandomLayers(spec, 20)[0]).ok());
   DoneWaiter done;
   (*session)->Finish(1, done.Callback());
   session->reset();
@@ -910,21 +1048,21 @@ TEST_F(TcpTransportTest, DestroyingSenderDuringFinalAckFailsDone) {
   EXPECT_THAT(Msg(*sent), HasSubstr("shutting down"));
 }
 
-TEST(TcpTransportIpv6Test, WorksOverIpv6Loopback) {
-  auto receiver = TcpKvReceiver::Create("::1", 0, FastReceiverOptions());
+TEST_F(TcpTransportTest, WorksOverIpv6Loopback) {
+  auto receiver = TcpKvReceiver::Create("::1", 0, dst_.regions(), FastReceiverOptions());
   if (!receiver.ok()) GTEST_SKIP() << "no IPv6 loopback: " << receiver.status();
   EXPECT_THAT((*receiver)->endpoint(), ::testing::StartsWith("tcp://[::1]:"));
-  auto sender = TcpKvSender::Create(FastSenderOptions());
+  auto sender = MakeSender(src_.regions());
   const TransferSpec spec = SmallSpec(3);
   const auto layers = RandomLayers(spec, 16);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE((*receiver)->Expect(40, spec, sink, kWait).ok());
+  ASSERT_TRUE(Expect(40, spec, sink, kWait, receiver->get()).ok());
   auto session = sender->Open((*receiver)->endpoint(), 40, spec);
   if (!session.ok() && absl::IsUnavailable(session.status())) {
     GTEST_SKIP() << "IPv6 loopback not connectable: " << session.status();
   }
   ASSERT_TRUE(session.ok()) << session.status();
-  for (int i = 0; i < spec.num_layers; ++i) ASSERT_TRUE((*session)->SendLayer(i, layers[i]).ok());
+  for (int i = 0; i < spec.num_layers; ++i) ASSERT_TRUE(Send(**session, 40, i, layers[i]).ok());
   DoneWaiter done;
   (*session)->Finish(9, done.Callback());
   auto sent = done.Wait();

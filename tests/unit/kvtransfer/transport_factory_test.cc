@@ -16,19 +16,21 @@ using testing::DoneWaiter;
 using ::testing::HasSubstr;
 using testing::RandomLayers;
 using testing::RecordingSink;
+using testing::Side;
 using testing::SmallSpec;
 
 TEST(TransportFactoryTest, TcpIsBuiltInOthersAreNot) {
-  EXPECT_TRUE(CreateKvSender("tcp").ok());
-  auto receiver = CreateKvReceiver("tcp", "127.0.0.1", 0);
+  Side side(SmallSpec(), 8, 4, 1);
+  EXPECT_TRUE(CreateKvSender("tcp", side.regions()).ok());
+  auto receiver = CreateKvReceiver("tcp", "127.0.0.1", 0, side.regions());
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   EXPECT_THAT((*receiver)->endpoint(), ::testing::StartsWith("tcp://127.0.0.1:"));
 
-  auto nccl = CreateKvSender("nccl");
+  auto nccl = CreateKvSender("nccl", side.regions());
   EXPECT_EQ(nccl.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(nccl.status().message()),
               HasSubstr("kv transport 'nccl' is not built in this binary"));
-  EXPECT_EQ(CreateKvReceiver("cuda_ipc", "127.0.0.1", 0).status().code(),
+  EXPECT_EQ(CreateKvReceiver("cuda_ipc", "127.0.0.1", 0, side.regions()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -40,20 +42,24 @@ TEST(TransportFactoryTest, KindOfEndpoint) {
 }
 
 TEST(TransportFactoryTest, RoutingSenderPicksTransportByScheme) {
-  auto receiver = CreateKvReceiver("tcp", "127.0.0.1", 0);
+  Side src(SmallSpec(), 8, 4, 1);
+  Side dst(SmallSpec(), 8, 3, 2);
+  auto receiver = CreateKvReceiver("tcp", "127.0.0.1", 0, dst.regions());
   ASSERT_TRUE(receiver.ok());
-  auto sender = CreateKvSenderForAnyEndpoint();
+  auto sender = CreateKvSenderForAnyEndpoint(src.regions());
   EXPECT_EQ(sender->Open("nccl://peer", 1, SmallSpec()).status().code(),
             absl::StatusCode::kInvalidArgument);
 
   const TransferSpec spec = SmallSpec(2);
   const auto layers = RandomLayers(spec, 1);
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE((*receiver)->Expect(5, spec, sink, testing::kWait).ok());
+  sink->Watch(&dst.kv(), dst.Table(5, spec.num_tokens), spec.num_tokens);
+  ASSERT_TRUE(
+      (*receiver)->Expect(5, spec, dst.Table(5, spec.num_tokens), sink, testing::kWait).ok());
   auto session = sender->Open((*receiver)->endpoint(), 5, spec);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE((*session)->SendLayer(0, layers[0]).ok());
-  ASSERT_TRUE((*session)->SendLayer(1, layers[1]).ok());
+  ASSERT_TRUE(testing::SendPayload(**session, src, 5, 0, layers[0], spec.num_tokens).ok());
+  ASSERT_TRUE(testing::SendPayload(**session, src, 5, 1, layers[1], spec.num_tokens).ok());
   DoneWaiter done;
   (*session)->Finish(77, done.Callback());
   auto sent = done.Wait();
@@ -62,6 +68,7 @@ TEST(TransportFactoryTest, RoutingSenderPicksTransportByScheme) {
   auto result = sink->WaitResult();
   ASSERT_TRUE(result.has_value() && result->ok());
   EXPECT_EQ(**result, 77);
+  EXPECT_TRUE(sink->layers()[1] == layers[1]);
 }
 
 }  // namespace

@@ -5,10 +5,13 @@
 
 #include <array>
 #include <cstring>
+#include <set>
 #include <string>
+#include <string_view>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/transport.h"
 #include "test_util.h"
@@ -33,6 +36,8 @@ TEST(TransferSpecTest, MismatchNamesFirstDifferingField) {
       {[](TransferSpec& s) { s.model_fingerprint = 0xff; },
        "model_fingerprint 0x00000000000000ff != expected 0x1234abcd5678ef00"},
       {[](TransferSpec& s) { s.dtype = "bf16"; }, "dtype 'bf16' != expected 'f32'"},
+      {[](TransferSpec& s) { s.layout = "paged_hnd"; },
+       "layout 'paged_hnd' != expected 'paged_nhd'"},
       {[](TransferSpec& s) { s.num_layers = 5; }, "num_layers 5 != expected 4"},
       {[](TransferSpec& s) { s.num_kv_heads = 4; }, "num_kv_heads 4 != expected 2"},
       {[](TransferSpec& s) { s.head_dim = 16; }, "head_dim 16 != expected 8"},
@@ -63,28 +68,28 @@ TEST(TransferSpecTest, DebugStringShowsEveryField) {
 }
 
 TEST(ValidateSpecTest, AcceptsGoodRejectsBad) {
-  EXPECT_TRUE(tcp::ValidateSpec(SmallSpec()).ok());
+  EXPECT_TRUE(ValidateSpec(SmallSpec()).ok());
   TransferSpec zero_layers = SmallSpec(0);
-  EXPECT_EQ(tcp::ValidateSpec(zero_layers).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateSpec(zero_layers).code(), absl::StatusCode::kInvalidArgument);
   TransferSpec bad_width = SmallSpec();
   bad_width.dtype = "bf16";  // 2 bytes, but bytes_per_element says 4
-  EXPECT_EQ(tcp::ValidateSpec(bad_width).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateSpec(bad_width).code(), absl::StatusCode::kInvalidArgument);
   TransferSpec huge = SmallSpec();
   huge.num_tokens = 1 << 30;
   huge.num_kv_heads = 1 << 10;
-  EXPECT_EQ(tcp::ValidateSpec(huge).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateSpec(huge).code(), absl::StatusCode::kInvalidArgument);
   TransferSpec custom = SmallSpec();
   custom.dtype = "q8_0";  // unknown dtypes pass with any element size
   custom.bytes_per_element = 1;
-  EXPECT_TRUE(tcp::ValidateSpec(custom).ok());
+  EXPECT_TRUE(ValidateSpec(custom).ok());
 }
 
 TEST(HeaderTest, RoundTripsSpec) {
   const TransferSpec spec = SmallSpec();
-  const internal::v1::KvTransferHeader h = tcp::MakeHeader(42, spec);
+  const internal::v1::KvTransferHeader h = MakeHeader(42, spec);
   EXPECT_EQ(h.transfer_id(), 42u);
-  EXPECT_EQ(h.layout(), std::string(tcp::kKvLayout));
-  EXPECT_TRUE(tcp::SpecFromHeader(h, spec.bytes_per_element).CheckMatches(spec).ok());
+  EXPECT_EQ(h.layout(), "paged_nhd");
+  EXPECT_TRUE(SpecFromHeader(h, spec.bytes_per_element).CheckMatches(spec).ok());
 }
 
 TEST(EndpointTest, ParsesIpv4NamesAndBracketedIpv6) {
@@ -136,7 +141,9 @@ TEST(FrameHeaderTest, DecodeValidatesTypeAndLength) {
 
   const std::pair<tcp::FrameType, uint64_t> bad_lengths[] = {
       {tcp::FrameType::kLayer, 3},
-      {tcp::FrameType::kLayer, tcp::kLayerIndexBytes + tcp::kMaxLayerBytes + 1},
+      {tcp::FrameType::kLayer, tcp::kLayerIndexBytes + kMaxLayerBytes + 1},
+      {tcp::FrameType::kLayerRange, tcp::kRangePrefixBytes - 1},
+      {tcp::FrameType::kLayerRange, tcp::kRangePrefixBytes + kMaxLayerBytes + 1},
       {tcp::FrameType::kLayer, ~uint64_t{0}},
       {tcp::FrameType::kFinish, 5},
       {tcp::FrameType::kHeader, tcp::kMaxControlPayloadBytes + 1},
@@ -147,6 +154,18 @@ TEST(FrameHeaderTest, DecodeValidatesTypeAndLength) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
         << tcp::FrameTypeName(type) << " " << length;
   }
+}
+
+TEST(FailureReasonTest, EveryStatusMapsToAnInitialisedLabel) {
+  const std::set<std::string_view> labels(std::begin(kKvFailureReasons),
+                                          std::end(kKvFailureReasons));
+  for (int code = 1; code <= 16; ++code) {
+    const absl::Status s(static_cast<absl::StatusCode>(code), "x");
+    EXPECT_EQ(labels.count(KvFailureReason(s)), 1u) << s;
+  }
+  EXPECT_EQ(KvFailureReason(absl::FailedPreconditionError("spec mismatch")), "refused");
+  EXPECT_EQ(KvFailureReason(absl::DeadlineExceededError("stalled")), "timeout");
+  EXPECT_EQ(KvFailureReason(absl::UnavailableError("peer went away")), "unavailable");
 }
 
 TEST(SanitizeUtf8Test, KeepsValidReplacesInvalidAndTruncates) {

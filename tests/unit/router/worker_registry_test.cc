@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kvcache/kv_cache_manager.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::router {
@@ -83,6 +84,34 @@ TEST(WorkerRegistryTest, OutstandingIsTracked) {
   EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].outstanding_requests, 0);
 }
 
+// A load report taken while work was queued still counts it after this
+// router saw the work finish; until the next report, views discount what
+// finished (a stale report once sent a cached prefix's follow-up elsewhere).
+TEST(WorkerRegistryTest, WorkFinishedSinceTheLastReportIsDiscounted) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  OutstandingWork prefill = registry.StartWork("p1", 156);
+  OutstandingWork decode = registry.StartWork("d1", 156);
+  ASSERT_TRUE(registry.Heartbeat("p1", {.queued_prompt_tokens = 200, .queued_requests = 2}, kT0));
+  ASSERT_TRUE(registry.Heartbeat("d1", {.running_sequences = 3}, kT0));
+  prefill.Release();
+  decode.Release();
+  WorkerView p = registry.Live(Role::kPrefill, kT0)[0];
+  EXPECT_EQ(p.load.queued_prompt_tokens, 44);
+  EXPECT_EQ(p.load.queued_requests, 1);
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0)[0].load.running_sequences, 2);
+  // The next report is taken as it is.
+  ASSERT_TRUE(registry.Heartbeat("p1", {.queued_prompt_tokens = 30, .queued_requests = 1}, kT0));
+  p = registry.Live(Role::kPrefill, kT0)[0];
+  EXPECT_EQ(p.load.queued_prompt_tokens, 30);
+  EXPECT_EQ(p.load.queued_requests, 1);
+  // Never below zero.
+  OutstandingWork big = registry.StartWork("p1", 500);
+  big.Release();
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[0].load.queued_prompt_tokens, 0);
+}
+
 // A worker dropped for missed heartbeats and registered again starts from
 // zero; work sent to it before must not drive its count negative (a negative
 // count once made every burst pick that one worker).
@@ -104,6 +133,80 @@ TEST(WorkerRegistryTest, WorkOfAnEarlierIncarnationDoesNotCountAgainstTheNewOne)
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, later).ok());
   fresh.Release();
   EXPECT_EQ(registry.Live(Role::kPrefill, later)[0].outstanding_requests, 0);
+}
+
+// Prompts of `n` tokens sharing a 64-token prefix (four blocks of 16).
+std::vector<int32_t> SharedPrefixPrompt(int n, int32_t tail) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = i < 64 ? 1000 + i : tail + i;
+  return p;
+}
+
+// The digest a worker would report after computing `prompt`: the hashes of
+// its full blocks at digest positions, exactly as engine/kvcache makes them.
+std::vector<uint64_t> DigestOf(const std::vector<int32_t>& prompt, int block_size) {
+  std::vector<uint64_t> out;
+  const std::vector<uint64_t> hashes = engine::BlockHashes(prompt, block_size);
+  for (int i = 0; i < static_cast<int>(hashes.size()); ++i) {
+    if (engine::IsDigestPosition(i)) out.push_back(hashes[i]);
+  }
+  return out;
+}
+
+TEST(WorkerRegistryTest, DigestsAndRoutedPrefixesShowInTheViews) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const std::vector<int32_t> prompt = SharedPrefixPrompt(100, 7);
+  const PrefillQuery query(prompt);
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("p2", Role::kPrefill), {}, kT0).ok());
+  std::vector<WorkerView> live = registry.Live(Role::kPrefill, kT0);
+  EXPECT_EQ(CachedPrefixTokens(live[0], query), 0);
+
+  // p1 reports a digest that holds the prompt's 6 lookup blocks (99 tokens
+  // before the last): the deepest digest position among them is 3.
+  ASSERT_TRUE(registry.Heartbeat("p1", {.cached_block_hashes = DigestOf(prompt, 16)}, kT0));
+  live = registry.Live(Role::kPrefill, kT0);
+  EXPECT_EQ(CachedPrefixTokens(live[0], query), 64);
+  EXPECT_EQ(CachedPrefixTokens(live[1], query), 0);
+
+  // Routed to p2: counted as cached there at once (before any digest), and
+  // its outstanding tokens are what it does not hold.
+  OutstandingWork work = registry.StartPrefill(live[1], query, kT0);
+  live = registry.Live(Role::kPrefill, kT0);
+  EXPECT_EQ(CachedPrefixTokens(live[1], query), 64);
+  EXPECT_EQ(live[1].outstanding_tokens, 100);
+  // A second prompt with the same prefix is counted without its cached part
+  // (the view taken after the first was routed knows it).
+  const std::vector<int32_t> other = SharedPrefixPrompt(80, 9);
+  const PrefillQuery other_query(other);
+  OutstandingWork second = registry.StartPrefill(live[1], other_query, kT0);
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0)[1].outstanding_tokens, 100 + 80 - 64);
+
+  // The note outlives digests that do not show it yet, then expires.
+  ASSERT_TRUE(registry.Heartbeat("p1", {.cached_block_hashes = DigestOf(prompt, 16)},
+                                 kT0 + absl::Seconds(2)));
+  ASSERT_TRUE(registry.Heartbeat("p2", {}, kT0 + absl::Seconds(2)));
+  EXPECT_EQ(CachedPrefixTokens(registry.Live(Role::kPrefill, kT0 + absl::Seconds(2))[1], query),
+            64);
+  ASSERT_TRUE(registry.Heartbeat("p1", {}, kT0 + absl::Seconds(4)));
+  ASSERT_TRUE(registry.Heartbeat("p2", {}, kT0 + absl::Seconds(4)));
+  live = registry.Live(Role::kPrefill, kT0 + absl::Seconds(4));
+  EXPECT_EQ(CachedPrefixTokens(live[0], query), 0);  // p1's new digest forgot it
+  EXPECT_EQ(CachedPrefixTokens(live[1], query), 0);  // the note expired
+}
+
+TEST(WorkerRegistryTest, PromptsAreHashedWithTheWorkersBlockSize) {
+  WorkerRegistry registry(absl::Seconds(3));
+  WorkerDesc desc = Desc("p1", Role::kPrefill);
+  desc.kv_block_size = 8;
+  const std::vector<int32_t> prompt = SharedPrefixPrompt(100, 7);
+  ASSERT_TRUE(registry.Register(desc, {.cached_block_hashes = DigestOf(prompt, 8)}, kT0).ok());
+  const PrefillQuery query(prompt);
+  // 12 lookup blocks of 8 (99 tokens); digest positions 0-3 and 7: 8 blocks.
+  EXPECT_EQ(CachedPrefixTokens(registry.Live(Role::kPrefill, kT0)[0], query), 64);
+  EXPECT_EQ(query.LookupHashes(8).size(), 12u);
+  EXPECT_EQ(query.LookupHashes(16).size(), 6u);
+  EXPECT_TRUE(query.LookupHashes(0).empty());
 }
 
 }  // namespace

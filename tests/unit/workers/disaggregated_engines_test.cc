@@ -1,6 +1,8 @@
 // PrefillEngine and DecodeEngine in one process, joined by the real TCP KV
 // transport on loopback: the disaggregated path without gRPC, including its
 // failure paths (every one must free the KV on both sides).
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -76,10 +78,13 @@ class DisaggregatedEnginesTest : public ::testing::Test {
     model_ = WriteModel(3);
     prefill_runner_ = Runner(model_, 64);
     decode_runner_ = Runner(model_, 32);
-    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0);
+    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, decode_runner_->kv_regions());
     ASSERT_TRUE(receiver.ok());
     receiver_ = std::move(*receiver);
-    sender_ = kvtransfer::TcpKvSender::Create();
+  }
+  void TearDown() override {
+    // Engines first (the tests' locals), then the senders reading their runners.
+    senders_.clear();
   }
 
   std::unique_ptr<decode::DecodeEngine> MakeDecode(absl::Duration kv_timeout = absl::Seconds(10)) {
@@ -87,16 +92,31 @@ class DisaggregatedEnginesTest : public ::testing::Test {
         decode::DecodeEngineOptions{.max_running = 8, .kv_timeout = kv_timeout},
         decode_runner_.get(), receiver_.get(), &decode_metrics_);
   }
+  // A prefill engine on `runner`, with a KV sender reading that runner's regions.
   std::unique_ptr<prefill::PrefillEngine> MakePrefill(engine::ModelRunner* runner,
                                                       prefill::PrefillEngineOptions options = {}) {
-    return std::make_unique<prefill::PrefillEngine>(options, runner, &prefill_metrics_);
+    auto engine = std::make_unique<prefill::PrefillEngine>(options, runner, &prefill_metrics_);
+    auto sender = kvtransfer::TcpKvSender::Create(runner->kv_regions());
+    EXPECT_TRUE(sender.ok()) << sender.status();
+    senders_[engine.get()] = std::move(*sender);
+    return engine;
   }
+  kvtransfer::KvSender& SenderOf(prefill::PrefillEngine& prefill) { return *senders_[&prefill]; }
   // Opens a session from `prefill` to the reservation of `stream`.
   std::unique_ptr<kvtransfer::SendSession> Session(prefill::PrefillEngine& prefill, int tokens,
                                                    const decode::DecodeStream& stream) {
-    auto s = sender_->Open(receiver_->endpoint(), stream.transfer_id(), prefill.SpecFor(tokens));
+    auto s = SenderOf(prefill).Open(receiver_->endpoint(), stream.transfer_id(),
+                                    prefill.SpecFor(tokens));
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
+  }
+  // pdserve_kv_transfer_failures_total, every reason.
+  double Failures() {
+    double total = 0;
+    for (const auto& family : prefill_metrics_.kv_transfer_failures.Collect()) {
+      for (const auto& metric : family.metric) total += metric.counter.value;
+    }
+    return total;
   }
   static absl::StatusOr<prefill::PrefillOutcome> Await(prefill::PrefillTicket& ticket) {
     absl::StatusOr<prefill::PrefillOutcome> out = absl::DeadlineExceededError("test: no outcome");
@@ -127,9 +147,10 @@ class DisaggregatedEnginesTest : public ::testing::Test {
   std::unique_ptr<engine::ModelRunner> prefill_runner_;
   std::unique_ptr<engine::ModelRunner> decode_runner_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
-  std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::map<prefill::PrefillEngine*, std::unique_ptr<kvtransfer::KvSender>> senders_;
   prometheus::Registry registry_;
   decode::DecodeMetrics decode_metrics_{registry_};
+  prometheus::Registry registry_small_;
   prometheus::Registry prefill_registry_;
   prefill::PrefillMetrics prefill_metrics_{prefill_registry_};
 };
@@ -175,8 +196,8 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   engine::SamplingParams params{.max_tokens = 8};
   auto stream = decode->Admit({.prompt = prompt, .sampling = params});
   ASSERT_TRUE(stream.ok());
-  auto session = sender_->Open(receiver_->endpoint(), (*stream)->transfer_id(),
-                               prefill->SpecFor(prompt.size()));
+  auto session = SenderOf(*prefill).Open(receiver_->endpoint(), (*stream)->transfer_id(),
+                                         prefill->SpecFor(prompt.size()));
   if (session.ok()) {  // the refusal may come with the handshake or later
     auto ticket =
         prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
@@ -187,10 +208,9 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   EXPECT_FALSE(d.error.ok());
   EXPECT_NE(d.error.message().find("fingerprint"), absl::string_view::npos) << d.error;
   EXPECT_TRUE(DecodeEmpty(*decode));
-  for (int i = 0; i < 200 && prefill_metrics_.kv_transfer_failures.Value() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_GE(prefill_metrics_.kv_transfer_failures.Value(), 1);
+  for (int i = 0; i < 200 && Failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(Failures(), 1);
+  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Add({{"reason", "refused"}}).Value(), Failures());
   EXPECT_TRUE(PrefillEmpty());
 }
 
@@ -237,20 +257,34 @@ TEST_F(DisaggregatedEnginesTest, AdmissionChecksInputAndCapacity) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(decode->Admit({.prompt = {1}, .sampling = {.max_tokens = 300}}).status().code(),
             absl::StatusCode::kInvalidArgument);  // past the context
-  // 32 blocks of 16 = 512 slots; two requests of 250 fit, a third does not.
+  // 32 blocks of 16 = 512 slots. Admission reserves the prompt plus the
+  // headroom (200 + 32 tokens: 15 blocks), not prompt + max_tokens: two fit,
+  // a third does not.
   std::vector<std::shared_ptr<decode::DecodeStream>> held;
   for (int i = 0; i < 2; ++i) {
     auto s =
-        decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}});
+        decode->Admit({.prompt = std::vector<int32_t>(200, 3), .sampling = {.max_tokens = 50}});
     ASSERT_TRUE(s.ok()) << s.status();
     held.push_back(*s);
   }
-  EXPECT_EQ(decode->Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 150}})
+  EXPECT_EQ(decode->load().free_blocks, 2);
+  EXPECT_EQ(decode->Admit({.prompt = std::vector<int32_t>(200, 3), .sampling = {.max_tokens = 50}})
                 .status()
                 .code(),
             absl::StatusCode::kResourceExhausted);
   for (auto& s : held) decode->Cancel(*s);
   EXPECT_TRUE(DecodeEmpty(*decode));
+  // A request that could never fit a small cache is refused at once, with
+  // the sizes in the message.
+  auto small_runner = Runner(model_, 8);
+  decode::DecodeMetrics small_metrics(registry_small_);
+  decode::DecodeEngine small({.max_running = 8}, small_runner.get(), receiver_.get(),
+                             &small_metrics);
+  absl::Status refused =
+      small.Admit({.prompt = std::vector<int32_t>(100, 3), .sampling = {.max_tokens = 100}})
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("whole cache of 8 blocks"), absl::string_view::npos) << refused;
 }
 
 TEST_F(DisaggregatedEnginesTest, CancelledPrefillAbortsTheTransfer) {
@@ -359,6 +393,136 @@ TEST_F(DisaggregatedEnginesTest, ChunkedPrefillGeneratesTheSameTokens) {
   EXPECT_TRUE(PrefillEmpty());
 }
 
+// Starts `prompts` through `prefill` into `decode`, all at once, and
+// returns each request's tokens (first token included) once every stream
+// has ended; an empty vector for a request that failed (with ADD_FAILURE).
+std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
+                                         decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         const engine::SamplingParams& params) {
+  std::vector<std::shared_ptr<decode::DecodeStream>> streams;
+  std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
+  for (const auto& prompt : prompts) {
+    auto s = decode.Admit({.prompt = prompt, .sampling = params});
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return {};
+    auto session =
+        sender.Open(decode.kv_endpoint(), (*s)->transfer_id(), prefill.SpecFor(prompt.size()));
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return {};
+    auto t =
+        prefill.Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return {};
+    streams.push_back(*s);
+    tickets.push_back(*t);
+  }
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<prefill::PrefillOutcome> first = absl::DeadlineExceededError("no outcome");
+    tickets[i]->Wait(absl::Seconds(30), &first);
+    Drained d = Drain(*streams[i]);
+    if (!first.ok() || !d.finished) {
+      ADD_FAILURE() << "request " << i << ": " << first.status() << " / " << d.error;
+      continue;
+    }
+    out[i] = {first->first_token.token};
+    out[i].insert(out[i].end(), d.tokens.begin(), d.tokens.end());
+  }
+  return out;
+}
+
+TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
+  auto decode = MakeDecode();
+  auto prefill = MakePrefill(prefill_runner_.get());  // prefix caching on by default
+  engine::SamplingParams params{
+      .temperature = 0.9f, .seed = 21, .max_tokens = 8, .ignore_eos = true};
+  // A 50-token "system prompt" (three full blocks of 16) and three questions.
+  std::vector<int32_t> system;
+  for (int t = 0; t < 50; ++t) system.push_back((t * 37 + 11) % 250);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int q = 0; q < 3; ++q) {
+    std::vector<int32_t> p = system;
+    for (int t = 0; t < 5 + 4 * q; ++t) p.push_back((t * 13 + q * 7 + 1) % 250);
+    prompts.push_back(p);
+  }
+  auto reference = Runner(model_, 16);
+  // One after the other: the first computes the prefix, the others hit it.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const double hits_before = prefill_metrics_.prefix_cache_hits.Value();
+    std::vector<std::vector<int32_t>> got =
+        RunAll(*prefill, *decode, SenderOf(*prefill), {prompts[i]}, params);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0], engine::GenerateLocally(*reference, prompts[i], params)->tokens) << i;
+    EXPECT_EQ(prefill_metrics_.prefix_cache_hits.Value() - hits_before, i == 0 ? 0 : 48) << i;
+    EXPECT_TRUE(PrefillEmpty());
+  }
+  EXPECT_EQ(prefill_metrics_.prefix_cache_queries.Value(),
+            static_cast<double>(prompts[0].size() + prompts[1].size() + prompts[2].size()));
+  // The router's digest names the cached prefix at its digest positions.
+  const std::vector<uint64_t> digest = prefill->load().cached_block_hashes;
+  const std::vector<uint64_t> hashes = engine::BlockHashes(system, 16);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_NE(std::find(digest.begin(), digest.end(), hashes[b]), digest.end()) << b;
+  }
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+TEST_F(DisaggregatedEnginesTest, WithoutPrefixCachingNothingIsReused) {
+  auto decode = MakeDecode();
+  auto prefill = MakePrefill(prefill_runner_.get(), {.enable_prefix_caching = false});
+  engine::SamplingParams params{.max_tokens = 2};
+  const std::vector<int32_t> prompt(40, 5);
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(RunAll(*prefill, *decode, SenderOf(*prefill), {prompt}, params).size(), 1u);
+  EXPECT_EQ(prefill_metrics_.prefix_cache_queries.Value(), 0);
+  EXPECT_EQ(prefill_metrics_.prefix_cache_hits.Value(), 0);
+  EXPECT_TRUE(prefill->load().cached_block_hashes.empty());
+}
+
+// Decode KV for 6 requests of 20 + 60 tokens would be 36 blocks of 16; the
+// decode worker has 14. Lazy growth admits them all (2 blocks each), and
+// growth preempts the newest, which are recomputed later on the decode
+// worker: every stream must still equal an uninterrupted generation.
+class PreemptionTest : public DisaggregatedEnginesTest,
+                       public ::testing::WithParamInterface<bool> {};
+
+TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
+  auto small_runner = Runner(model_, 14);
+  // The transfer writes into the small runner's own KV regions.
+  auto small_receiver =
+      kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
+  ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
+  auto decode = std::make_unique<decode::DecodeEngine>(
+      decode::DecodeEngineOptions{.max_running = 8,
+                                  .kv_headroom_tokens = 8,
+                                  .enable_prefix_caching = GetParam(),
+                                  .recompute_chunk_tokens = 24},
+      small_runner.get(), small_receiver->get(), &decode_metrics_);
+  auto prefill = MakePrefill(prefill_runner_.get());
+  engine::SamplingParams params{
+      .temperature = 0.8f, .seed = 3, .max_tokens = 60, .ignore_eos = true};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int r = 0; r < 6; ++r) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> got =
+      RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
+  ASSERT_EQ(got.size(), prompts.size());
+  auto reference = Runner(model_, 16);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // The first token comes from the prefill worker, the rest from the
+    // decode worker's stream: no gap, no repeat, the same draws.
+    EXPECT_EQ(got[i], engine::GenerateLocally(*reference, prompts[i], params)->tokens) << i;
+  }
+  EXPECT_GT(decode_metrics_.preemptions.Value(), 0) << "the workload must preempt";
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, PreemptionTest, ::testing::Bool());
+
 // A runner that lets steps start only as the test allows.
 class GatedRunner final : public engine::ModelRunner {
  public:
@@ -436,7 +600,7 @@ TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
 // A KV session that keeps Finish's `done` for the test to call.
 class HeldSession final : public kvtransfer::SendSession {
  public:
-  absl::Status SendLayer(int, std::vector<std::byte>) override { return absl::OkStatus(); }
+  absl::Status SendLayer(const kvtransfer::LayerChunk&) override { return absl::OkStatus(); }
   void Finish(int32_t, std::function<void(absl::Status)> done) override {
     absl::MutexLock lock(&mu_);
     done_ = std::move(done);
@@ -470,6 +634,17 @@ std::function<void(absl::Status)> PrefillIntoHeldSession(prefill::PrefillEngine&
   return HeldSession::Take(held);
 }
 
+TEST_F(DisaggregatedEnginesTest, PromptBlocksAreHeldUntilTheSendIsDone) {
+  auto prefill = MakePrefill(prefill_runner_.get());
+  std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
+  ASSERT_TRUE(done);
+  // The first token is out, but the transport may still read the blocks.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GT(prefill_metrics_.kv_cache_usage.Value(), 0);
+  done(absl::OkStatus());
+  EXPECT_TRUE(PrefillEmpty());
+}
+
 TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) {
   auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Seconds(20)});
   std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
@@ -484,7 +659,7 @@ TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) 
   const absl::Duration waited = absl::Now() - start;
   acker.join();
   EXPECT_LT(waited, absl::Seconds(10)) << "the destructor slept through the ack";
-  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(Failures(), 0);
 }
 
 TEST_F(DisaggregatedEnginesTest, ASendCompletingAfterShutdownLeavesTheMetricsAlone) {
@@ -495,7 +670,7 @@ TEST_F(DisaggregatedEnginesTest, ASendCompletingAfterShutdownLeavesTheMetricsAlo
   // The transport reports the transfer's end after the engine is gone (as
   // a sender shutting down does): the engine's metrics must not be written.
   done(absl::UnavailableError("kv sender shutting down"));
-  EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(Failures(), 0);
   EXPECT_EQ(prefill_metrics_.kv_transfer_bytes.Value(), 0);
 }
 

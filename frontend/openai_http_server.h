@@ -1,0 +1,83 @@
+// The OpenAI-compatible HTTP adapter over a SessionManager, served with
+// cpp-httplib: POST /v1/completions and /v1/chat/completions (with "stream":
+// true as server-sent events ending in "data: [DONE]"), GET /v1/models and
+// GET /health (503 while draining). Request and response formats are in
+// frontend/openai_protocol.h; errors are OpenAI's JSON error objects with
+// the matching HTTP status.
+//
+// Until a request's first output the response is not committed, so a
+// refusal or a failure before the first token gets its HTTP status. After
+// it, a stream reports a failure as an error event, and a non-streamed
+// response (sent once complete, chunked) is cut off. A client that closes
+// its connection cancels its request: the worker calls are cancelled and
+// their KV freed (noticed at the next write, or within `poll` while no
+// token is due; a non-streamed request is watched from its first token on).
+//
+// Threads: one per open connection, created as connections come, at most
+// `max_threads` (further connections wait for one).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "frontend/request_session.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace pdserve::frontend {
+
+struct OpenAiHttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  // The `model` clients name (GET /v1/models lists it).
+  std::string model_name;
+  int max_threads = 1024;
+  // Largest request body; larger ones get 413.
+  int64_t max_body_bytes = int64_t{64} << 20;
+  // How often a waiting request checks that its client is still there.
+  absl::Duration poll = absl::Milliseconds(20);
+};
+
+class OpenAiHttpServer {
+ public:
+  // Binds and starts serving. `sessions` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(OpenAiHttpOptions options,
+                                                                 SessionManager* sessions);
+  // Stops accepting, ends requests still running as if their clients left,
+  // and joins every thread.
+  ~OpenAiHttpServer();
+
+  int port() const { return port_; }
+
+ private:
+  OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions);
+  void Generate(bool chat, const httplib::Request& req, httplib::Response& res);
+  bool stopping() const { return stopping_.load(); }
+
+  const OpenAiHttpOptions options_;
+  SessionManager* const sessions_;
+  const int64_t created_;  // unix seconds, the models list's `created`
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<httplib::Server> server_;
+  int port_ = 0;
+  std::thread thread_;  // last: runs server_->listen_after_bind()
+};
+
+// What a main starts from its flags: no server when `port` < 0; the model
+// name is `model_name`, else ModelNameOf(model_dir) (common/process_metrics.h:
+// config.json's _name_or_path, else the directory's last component); threads
+// follow the admission limit.
+absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
+    const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
+    int max_in_flight, SessionManager* sessions);
+
+}  // namespace pdserve::frontend

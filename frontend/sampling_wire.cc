@@ -1,0 +1,78 @@
+#include "frontend/sampling_wire.h"
+
+#include <algorithm>
+
+namespace pdserve {
+
+engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& s) {
+  engine::SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p();
+  p.seed = s.seed();
+  p.max_tokens = s.max_tokens();
+  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  p.ignore_eos = s.ignore_eos();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.min_tokens = s.min_tokens();
+  p.logprobs = s.logprobs();
+  return p;
+}
+
+internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& p) {
+  internal::v1::WorkerSampling s;
+  s.set_temperature(p.temperature);
+  s.set_top_k(p.top_k);
+  s.set_top_p(p.top_p);
+  s.set_seed(p.seed);
+  s.set_max_tokens(p.max_tokens);
+  for (int32_t t : p.stop_token_ids) s.add_stop_token_ids(t);
+  s.set_ignore_eos(p.ignore_eos);
+  s.set_min_p(p.min_p);
+  s.set_repetition_penalty(p.repetition_penalty);
+  s.set_presence_penalty(p.presence_penalty);
+  s.set_frequency_penalty(p.frequency_penalty);
+  s.set_min_tokens(p.min_tokens);
+  s.set_logprobs(p.logprobs);
+  return s;
+}
+
+internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token) {
+  internal::v1::SampledLogprobs out;
+  out.set_logprob(token.logprob);
+  for (const engine::TopLogprob& t : token.top) {
+    out.add_top_ids(t.token);
+    out.add_top_logprobs(t.logprob);
+  }
+  return out;
+}
+
+engine::SampledToken LogprobsFromProto(int32_t token,
+                                       const internal::v1::SampledLogprobs& logprobs) {
+  engine::SampledToken out;
+  out.token = token;
+  out.logprob = logprobs.logprob();
+  const int n = std::min(logprobs.top_ids_size(), logprobs.top_logprobs_size());
+  out.top.reserve(n);
+  for (int k = 0; k < n; ++k) out.top.push_back({logprobs.top_ids(k), logprobs.top_logprobs(k)});
+  return out;
+}
+
+// engine::FinishReason travels as its integer value (the decode worker's
+// finished event) and becomes pdserve.v1.FinishReason at the front end: the
+// two enums must keep the same numbering.
+static_assert(static_cast<int>(engine::FinishReason::kNone) == v1::FINISH_REASON_UNSPECIFIED);
+static_assert(static_cast<int>(engine::FinishReason::kLength) == v1::FINISH_REASON_LENGTH);
+static_assert(static_cast<int>(engine::FinishReason::kStop) == v1::FINISH_REASON_STOP);
+static_assert(static_cast<int>(engine::FinishReason::kContext) == v1::FINISH_REASON_CONTEXT);
+static_assert(v1::FinishReason_MAX == v1::FINISH_REASON_CONTEXT,
+              "a new pdserve.v1.FinishReason needs its engine::FinishReason");
+
+v1::FinishReason FinishReasonToProto(engine::FinishReason reason) {
+  return static_cast<v1::FinishReason>(static_cast<int>(reason));
+}
+
+}  // namespace pdserve

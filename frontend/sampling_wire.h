@@ -1,0 +1,26 @@
+// Converts sampling parameters and sampled-token log-probabilities between
+// the internal worker protocol (pdserve.internal.v1) and the engine's
+// structs. Shared by the router's orchestration (jobs out, tokens in) and
+// both workers (jobs in, tokens out); its own small target
+// (pdserve_sampling_wire) so workers need no tokenizer or front end.
+#pragma once
+
+#include "engine/runtime/finish.h"
+#include "engine/runtime/sampler.h"
+#include "pdserve/internal/v1/worker.pb.h"
+#include "pdserve/v1/generation.pb.h"
+
+namespace pdserve {
+
+engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& sampling);
+internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& params);
+// `token` is the sampled token id; the message carries only its logprobs.
+internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token);
+engine::SampledToken LogprobsFromProto(int32_t token,
+                                       const internal::v1::SampledLogprobs& logprobs);
+
+// The wire value of a finish reason (the numbering is the same: checked at
+// compile time in sampling_wire.cc).
+v1::FinishReason FinishReasonToProto(engine::FinishReason reason);
+
+}  // namespace pdserve

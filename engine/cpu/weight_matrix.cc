@@ -63,30 +63,32 @@ void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
               static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(float);
       break;
   }
-  if (bytes < kHugePage / 2) {
-    void* p = std::aligned_alloc(64, RoundUp(std::max<size_t>(bytes, 1), 64));
-    if (p == nullptr) throw std::bad_alloc();
-    data_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{0});
-    return;
-  }
   // Large matrices: whole 2 MiB pages from a fresh mapping, advised huge
   // before anything touches them. Heap memory would not do: pages a freed
   // buffer already faulted in stay 4 KiB pages whatever madvise says later,
   // and a weight stream over 4 KiB pages ran at about half the rate
-  // (docs/performance.md). Where transparent huge pages are off, the advice
-  // is a no-op.
-  const size_t size = RoundUp(bytes, kHugePage);
-  void* raw =
-      mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  // Trim the mapping to a 2 MiB-aligned range of `size` bytes.
-  auto* begin = static_cast<std::byte*>(raw);
-  const size_t head =
-      RoundUp(reinterpret_cast<uintptr_t>(begin), kHugePage) - reinterpret_cast<uintptr_t>(begin);
-  if (head > 0) munmap(begin, head);
-  munmap(begin + head + size, kHugePage - head);  // head < kHugePage
-  madvise(begin + head, size, MADV_HUGEPAGE);
-  data_ = std::unique_ptr<std::byte, Free>(begin + head, Free{size});
+  // (docs/performance.md). Where transparent huge pages are off or not built
+  // in, madvise fails or is a no-op and the mapping keeps 4 KiB pages; where
+  // the mapping itself fails, the heap below serves instead.
+  if (bytes >= kHugePage / 2) {
+    const size_t size = RoundUp(bytes, kHugePage);
+    void* raw =
+        mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw != MAP_FAILED) {
+      // Trim the mapping to a 2 MiB-aligned range of `size` bytes.
+      auto* begin = static_cast<std::byte*>(raw);
+      const size_t head = RoundUp(reinterpret_cast<uintptr_t>(begin), kHugePage) -
+                          reinterpret_cast<uintptr_t>(begin);
+      if (head > 0) munmap(begin, head);
+      munmap(begin + head + size, kHugePage - head);  // head < kHugePage
+      madvise(begin + head, size, MADV_HUGEPAGE);     // advice only: failure is fine
+      data_ = std::unique_ptr<std::byte, Free>(begin + head, Free{size});
+      return;
+    }
+  }
+  void* p = std::aligned_alloc(64, RoundUp(std::max<size_t>(bytes, 1), 64));
+  if (p == nullptr) throw std::bad_alloc();
+  data_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{0});
 }
 
 WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, int64_t cols,

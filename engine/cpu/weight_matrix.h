@@ -6,6 +6,7 @@
 // advised for transparent huge pages before its first touch: batch-1 decode
 // streams every weight once per step, and over 4 KiB pages that stream runs
 // at about half the rate (TLB misses, prefetchers stopping at page edges).
+// Where the mapping fails the heap serves (64-byte aligned, 4 KiB pages).
 //
 // Thread safety: const methods may run concurrently; MatMul forks its own
 // OpenMP threads, so call it from one thread at a time per process (the

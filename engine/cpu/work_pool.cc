@@ -1,6 +1,8 @@
 // WorkPool; see work_pool.h for the contract.
 #include "engine/cpu/work_pool.h"
 
+#include <cstdlib>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -11,6 +13,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kIndexMask = 0xFFFFFFFFu;
+// Index field of a generation being set up: no index can be claimed.
+constexpr uint64_t kClosed = kIndexMask;
+
+// True on a thread while it runs an index of some pool's loop (a worker) or
+// drives one (a caller): a nested ParallelFor runs inline.
+thread_local bool in_loop = false;
 
 uint32_t Generation(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
 
@@ -34,11 +42,18 @@ WorkPool::~WorkPool() {
 }
 
 void WorkPool::RunLoop(uint32_t gen) {
+  uint64_t claim = claim_.load(std::memory_order_acquire);
+  // The claim word is read before fn_ and n_: a generation seen open here was
+  // published after its fn_ and n_ (release/acquire). If the caller has
+  // since closed it to set up the next loop, fn_ and n_ may already hold
+  // that loop's values, but then claim_ has changed and the compare-and-swap
+  // below fails, so a stale pair is never used.
+  if (Generation(claim) != gen || (claim & kIndexMask) == kClosed) return;
   const absl::FunctionRef<void(int64_t)>* fn = fn_.load(std::memory_order_acquire);
   const int64_t n = n_.load(std::memory_order_acquire);
-  uint64_t claim = claim_.load(std::memory_order_acquire);
   while (Generation(claim) == gen && static_cast<int64_t>(claim & kIndexMask) < n) {
-    // On success the loop of `gen` is still running, so fn and n belong to it.
+    // On success claim_ still held (gen, index), so the loop of `gen` was
+    // open and fn and n belong to it.
     if (claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
       (*fn)(static_cast<int64_t>(claim & kIndexMask));
@@ -50,15 +65,24 @@ void WorkPool::RunLoop(uint32_t gen) {
 
 void WorkPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
   if (n <= 0) return;
-  if (workers_.empty() || n == 1) {
+  // Nested calls (from fn) and one-thread pools run inline: the pool's
+  // threads are busy with the outer loop, and a nested loop must not wait
+  // for them.
+  if (workers_.empty() || n == 1 || in_loop) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  // Every index of the previous loop is claimed and done, so no worker can
-  // claim again until the new generation is published below.
+  if (n >= static_cast<int64_t>(kClosed)) std::abort();  // beyond the index field
+  absl::MutexLock lock(&caller_mu_);
+  in_loop = true;
+  // Every index of the previous loop is claimed and done. The new generation
+  // is published closed first, so that a worker late from the previous loop
+  // cannot pair the old generation with the new fn_ and n_; then fn_, n_ and
+  // done_ are set, then the generation is opened.
   const uint32_t gen = Generation(claim_.load(std::memory_order_relaxed)) + 1;
-  fn_.store(&fn, std::memory_order_relaxed);
-  n_.store(n, std::memory_order_relaxed);
+  claim_.store((uint64_t{gen} << 32) | kClosed, std::memory_order_seq_cst);
+  fn_.store(&fn, std::memory_order_release);
+  n_.store(n, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(uint64_t{gen} << 32, std::memory_order_seq_cst);
   wake_.fetch_add(1, std::memory_order_seq_cst);
@@ -73,6 +97,7 @@ void WorkPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
       Pause();
     }
   }
+  in_loop = false;
 }
 
 void WorkPool::Worker() {
@@ -102,7 +127,9 @@ void WorkPool::Worker() {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = Generation(claim);
+    in_loop = true;
     RunLoop(seen);
+    in_loop = false;
   }
 }
 

@@ -11,8 +11,12 @@
 // shared counter by whichever thread is running: the caller takes part, so a
 // descheduled worker delays a loop by at most the one index it holds.
 //
-// Thread safety: ParallelFor may be called by one thread at a time (the
-// runner thread); `fn` runs on that thread and on the workers concurrently.
+// Thread safety: ParallelFor may be called from any thread; concurrent calls
+// from different threads run one after the other (caller_mu_). A call from
+// inside `fn` (nested) runs inline on the calling thread. `fn` runs on the
+// caller and on the workers concurrently and must not throw: an exception
+// on a worker ends the process, and on the caller it would leave the
+// workers running a loop whose `fn` is gone.
 #pragma once
 
 #include <atomic>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
 
 namespace pdserve::engine::cpu {
 
@@ -41,14 +46,15 @@ class WorkPool {
 
   // Runs fn(i) once for every i in [0, n) on the caller and the workers;
   // returns when all have returned. Indices are claimed one at a time in
-  // increasing order. Not reentrant: fn must not call ParallelFor.
+  // increasing order. n < 2^32 - 1. A nested call runs its indices in order
+  // on the thread that makes it.
   void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn);
 
  private:
-  // The loop being run. Written by the caller only between loops; read by
-  // workers only after they saw its generation in claim_ (atomics: a late
-  // worker may read them while the next loop is being set up, and then its
-  // claim fails).
+  // The loop being run. Written by the caller only while claim_ holds the
+  // new generation closed; read by workers only after they saw it open
+  // (atomics: a late worker may read them while the next loop is being set
+  // up, and then its claim fails).
   std::atomic<const absl::FunctionRef<void(int64_t)>*> fn_{nullptr};
   std::atomic<int64_t> n_{0};
   // Generation of the current loop (high 32 bits) and its next unclaimed
@@ -59,6 +65,7 @@ class WorkPool {
   std::atomic<uint32_t> wake_{0};  // bumped per loop; sleeping workers wait on it
   std::atomic<int> sleepers_{0};   // workers blocked in wake_.wait
   std::atomic<bool> stop_{false};
+  absl::Mutex caller_mu_;             // held by the thread running a loop
   std::vector<std::thread> workers_;  // last: they use everything above
 
   // Claims and runs indices of generation `gen` until none are left.

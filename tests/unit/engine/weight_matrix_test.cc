@@ -26,6 +26,7 @@
 
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
 #include "gtest/gtest.h"
 
@@ -334,6 +335,32 @@ TEST(WeightMatrixTest, W8A8MatMulMatchesItsRoundedValues) {
                 << "m " << m << " n " << n << " k " << k << " threads " << threads << " at " << i;
           }
         }
+      }
+    }
+  }
+}
+
+// Matrices of more than 1 MiB (the huge-page mapping) through the WorkPool
+// GEMV, whose chunks end inside the last row group, and without a pool.
+TEST(WeightMatrixTest, LargeMatricesOnAWorkPoolMatchTheirValues) {
+  WorkPool pool(3);
+  const int n = 1500, k = 777;  // fp32 4.7 MB, bf16 2.3 MB, int8 1.3 MB
+  const std::vector<float> w = Normal(int64_t{n} * k, 500);
+  const std::vector<float> x = Normal(k, 501);
+  for (WeightDtype dtype :
+       {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8, WeightDtype::kW8A8}) {
+    const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, dtype);
+    std::vector<float> stored(w.size());
+    mat.RowsToFloat(0, n, stored.data());
+    const Reference ref = dtype == WeightDtype::kW8A8
+                              ? Exact(stored, RoundedActivations(x, 1, k), 1, n, k)
+                              : Exact(stored, x, 1, n, k);
+    for (WorkPool* p : {&pool, static_cast<WorkPool*>(nullptr)}) {
+      std::vector<float> y(static_cast<size_t>(n), std::nanf(""));
+      mat.MatMul(x.data(), y.data(), 1, 2, p);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
+            << WeightDtypeName(dtype) << (p ? " pool" : " no pool") << " row " << r;
       }
     }
   }

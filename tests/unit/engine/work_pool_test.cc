@@ -55,6 +55,64 @@ TEST(WorkPoolTest, WorkersTakePartAndWakeAfterSleeping) {
   }
 }
 
+// Each loop larger than the one before: a worker late from loop G must never
+// run an index of loop G + 1 under G's claim (it would run twice, and the
+// caller could return before the loop's last index finished).
+TEST(WorkPoolTest, GrowingLoopsRunEachIndexOnce) {
+  WorkPool pool(3);
+  for (int loop = 0; loop < 5000; ++loop) {
+    const int64_t n = 2 + loop % 64;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<int64_t> finished{0};
+    pool.ParallelFor(n, [&](int64_t i) {
+      hits[static_cast<size_t>(i)].fetch_add(1);
+      finished.fetch_add(1);
+    });
+    ASSERT_EQ(finished.load(), n) << "loop " << loop << " returned early";
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "loop " << loop << " index " << i;
+    }
+  }
+}
+
+TEST(WorkPoolTest, NestedCallRunsInlineOnItsThread) {
+  WorkPool pool(2);
+  std::vector<std::atomic<int>> hits(4 * 8);
+  std::atomic<int> off_thread{0};
+  pool.ParallelFor(4, [&](int64_t outer) {
+    const std::thread::id self = std::this_thread::get_id();
+    pool.ParallelFor(8, [&](int64_t inner) {
+      if (std::this_thread::get_id() != self) off_thread.fetch_add(1);
+      hits[static_cast<size_t>(outer * 8 + inner)].fetch_add(1);
+    });
+  });
+  EXPECT_EQ(off_thread.load(), 0);
+  for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << "index " << i;
+}
+
+// Two threads share one pool: their loops run one after the other, each
+// index once.
+TEST(WorkPoolTest, CallersOnTwoThreadsTakeTurns) {
+  WorkPool pool(2);
+  constexpr int kLoops = 500;
+  std::atomic<int> inside{0}, overlapped{0};
+  auto drive = [&](int64_t n) {
+    for (int loop = 0; loop < kLoops; ++loop) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.ParallelFor(n, [&](int64_t i) {
+        if (i == 0 && inside.fetch_add(1) != 0) overlapped.fetch_add(1);
+        hits[static_cast<size_t>(i)].fetch_add(1);
+        if (i == 0) inside.fetch_sub(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1);
+    }
+  };
+  std::thread other([&] { drive(7); });
+  drive(13);
+  other.join();
+  EXPECT_EQ(overlapped.load(), 0);
+}
+
 TEST(WorkPoolTest, OneThreadRunsOnTheCallerInOrder) {
   WorkPool pool(1);
   const std::thread::id caller = std::this_thread::get_id();

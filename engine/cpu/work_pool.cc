@@ -106,7 +106,9 @@ void WorkPool::Worker() {
     // Poll for a new generation for up to kSpin, then sleep on wake_.
     const Clock::time_point spin_until = Clock::now() + kSpin;
     uint64_t claim = claim_.load(std::memory_order_acquire);
-    for (int spins = 0; Generation(claim) == seen && !stop_.load(std::memory_order_relaxed);
+    // A generation still being set up (closed) counts as not yet there.
+    for (int spins = 0; (Generation(claim) == seen || (claim & kIndexMask) == kClosed) &&
+                        !stop_.load(std::memory_order_relaxed);
          ++spins) {
       if (spins % 64 == 63 && Clock::now() > spin_until) {
         const uint32_t wake = wake_.load(std::memory_order_seq_cst);

@@ -12,8 +12,8 @@
 // descheduled worker delays a loop by at most the one index it holds.
 //
 // Thread safety: ParallelFor may be called from any thread; concurrent calls
-// from different threads run one after the other (caller_mu_). A call from
-// inside `fn` (nested) runs inline on the calling thread. `fn` runs on the
+// from different threads run one after the other (caller_mu_). A call made
+// while running any pool's `fn` (nested) runs inline on that thread. `fn` runs on the
 // caller and on the workers concurrently and must not throw: an exception
 // on a worker ends the process, and on the caller it would leave the
 // workers running a loop whose `fn` is gone.

@@ -14,7 +14,8 @@
 # greedy tokens, and runs, --rounds times, for each thread count in turn:
 #   llama2.c runfast (1 thread only: it is built without OpenMP),
 #   llama2.c runomp (OMP_NUM_THREADS=threads),
-#   pdserve_engine_bench --decode_only with --weight_dtype f32, bf16, int8.
+#   pdserve_engine_bench --decode_only with --weight_dtype f32, bf16, int8
+#   and w8a8 (int8 activations too; opt-in, see docs/architecture.md).
 # Both sides decode positions 1..255 after a BOS token and report tokens per
 # second over those 255 steps (run.c: `-n 256`, its "achieved tok/s";
 # pdserve: --context=1 --decode_steps=255 --warmup=0, total steps / total
@@ -124,7 +125,7 @@ for round in $(seq 1 "$rounds"); do
     echo "load average before round $round, $t thread(s): $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
     [ "$t" = 1 ] && run_llama2c "$round" "$t" "$out/run_fast" llama2c_runfast
     run_llama2c "$round" "$t" "$out/run_omp" llama2c_runomp
-    for dtype in f32 bf16 int8; do run_pdserve "$round" "$t" "$dtype"; done
+    for dtype in f32 bf16 int8 w8a8; do run_pdserve "$round" "$t" "$dtype"; done
   done
 done
 
@@ -152,10 +153,10 @@ for t in sorted({t for t, _ in runs}):
         l2c = lambda p: f"{fig[p]:.1f}" if p in fig else "-"
         rows.append(f"| {t} | {kind} | {l2c('llama2c_runfast')} | {l2c('llama2c_runomp')} | "
                     f"{cell('pdserve_f32')} | {cell('pdserve_bf16')} | {cell('pdserve_int8')} | "
-                    f"{tri:.1f} |")
+                    f"{cell('pdserve_w8a8')} | {tri:.1f} |")
 header = ("| threads | of rounds | llama2.c runfast tok/s | llama2.c runomp tok/s | pdserve f32 "
-          "| pdserve bf16 | pdserve int8 | triad GB/s |\n"
-          "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| pdserve bf16 | pdserve int8 | pdserve w8a8 | triad GB/s |\n"
+          "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 table = header + "\n" + "\n".join(rows)
 open(f"{out}/table.md", "w").write(table + "\n")
 json.dump(result, open(f"{out}/results.json", "w"), indent=2)

@@ -75,7 +75,7 @@ absl::StatusOr<CpuModelRunner::Matrix> CpuModelRunner::MakeMatrix(
 void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m,
                             [[maybe_unused]] int n, [[maybe_unused]] int k) const {
   assert(w.rows() == n && w.cols() == k);
-  w.MatMul(x, y, m, num_threads_);
+  w.MatMul(x, y, m, num_threads_, pool_.get());
 }
 
 int64_t CpuModelRunner::DecodeWeightBytes() const {
@@ -111,7 +111,8 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   cpu::InitBlasThreading();
   // Storage that changes the checkpoint's numbers (int8, or bf16 from another
   // dtype) computes different KV: it must not pair with a lossless runner.
-  bool lossy = options.weight_dtype == WeightDtype::kInt8;
+  bool lossy =
+      options.weight_dtype == WeightDtype::kInt8 || options.weight_dtype == WeightDtype::kW8A8;
   // WeightSource validated every tensor the config needs, so these exist.
   auto t = [&weights](const std::string& name) { return weights.Find(name); };
   auto matrix = [&](std::initializer_list<const TensorView*> parts, Matrix& out) -> absl::Status {
@@ -167,6 +168,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         absl::StrCat("CpuModelRunner: cannot allocate a KV cache of ", slots, " token slots"));
   }
   r->RegisterKvRegions();
+  r->pool_ = std::make_unique<cpu::WorkPool>(r->num_threads_);
   CpuModelRunner* raw = r.get();
   r->thread_ = std::thread([raw] { raw->Loop(); });
   return r;
@@ -209,7 +211,7 @@ void CpuModelRunner::Embed(std::span<const int32_t> tokens) {
   for (int64_t r = 0; r < m; ++r) embed_.RowsToFloat(tokens[r], 1, &scratch_.x[r * h]);
 }
 
-void CpuModelRunner::AttentionInput(int layer, int m, std::span<const int32_t> positions) {
+void CpuModelRunner::AttentionInput(int layer, int m) {
   const Layer& w = layers_[layer];
   const int h = config_.hidden_size, hd = config_.head_dim, half = hd / 2;
   const int q = config_.q_size(), kv = config_.kv_size(), stride = q + 2 * kv;
@@ -226,9 +228,8 @@ void CpuModelRunner::AttentionInput(int layer, int m, std::span<const int32_t> p
       cpu::RmsNorm(row + q, w.k_norm.data(), row + q, config_.num_kv_heads, hd,
                    config_.rms_norm_eps, 1);
     }
-    float* cos = &scratch_.cos[int64_t{r} * half];
-    float* sin = &scratch_.sin[int64_t{r} * half];
-    cpu::RopeCosSin(positions[r], inv_freq_.data(), half, cos, sin);
+    const float* cos = &scratch_.cos[int64_t{r} * half];
+    const float* sin = &scratch_.sin[int64_t{r} * half];
     cpu::ApplyRope(row, config_.num_heads, hd, cos, sin);
     cpu::ApplyRope(row + q, config_.num_kv_heads, hd, cos, sin);
   }
@@ -324,60 +325,88 @@ absl::StatusOr<std::unique_ptr<StepHandle>> CpuModelRunner::Enqueue(StepBatch ba
 void CpuModelRunner::Attention(int layer, const StepBatch& batch, int m,
                                std::span<const int32_t> row_seq,
                                std::span<const int32_t> positions) {
-  const int hd = config_.head_dim, heads = config_.num_heads, group = heads / config_.num_kv_heads;
+  const int hd = config_.head_dim, heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+  const int group = heads / kv_heads;
   const int q = config_.q_size(), kv = config_.kv_size(), stride = q + 2 * kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* k_cache = k_cache_[layer].data();
   const float* v_cache = v_cache_[layer].data();
   int max_len = 0;
   for (int r = 0; r < m; ++r) max_len = std::max(max_len, positions[r] + 1);
-#pragma omp parallel num_threads(num_threads_) if (int64_t{m} * heads * max_len * hd > (1 << 16))
-  {
-    std::vector<float> scores(static_cast<size_t>(max_len));
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < int64_t{m} * heads; ++item) {
-      const int r = static_cast<int>(item / heads), head = static_cast<int>(item % heads);
-      const std::span<const int32_t> table = batch.seqs[row_seq[r]].block_table;
-      // Keys first..positions[r], read block by block through the table.
-      const int first = FirstVisible(positions[r]), last = positions[r];
-      const int64_t kv_col = int64_t{head / group} * hd;
-      const float* qv = &scratch_.qkv[int64_t{r} * stride + int64_t{head} * hd];
-      for (int t = first; t <= last;) {
-        const int in_block = block_size_ - t % block_size_;
-        const int count = std::min(in_block, last + 1 - t);
-        const float* k = k_cache + SlotOffset(table, t) + kv_col;
-        for (int j = 0; j < count; ++j) {
-          if (t + j + kKvPrefetch <= last) {
-            cpu::Prefetch(k_cache + SlotOffset(table, t + j + kKvPrefetch) + kv_col, hd);
-          }
-          scores[t - first + j] = cpu::Dot(qv, k + int64_t{j} * kv, hd) * scale;
-        }
-        t += count;
-      }
-      const int len = last + 1 - first;
-      cpu::Softmax(scores.data(), len);
-      float* out = &scratch_.attn[int64_t{r} * q + int64_t{head} * hd];
-      std::fill(out, out + hd, 0.0f);
-      for (int t = first; t <= last;) {
-        const int in_block = block_size_ - t % block_size_;
-        const int count = std::min(in_block, last + 1 - t);
-        const float* v = v_cache + SlotOffset(table, t) + kv_col;
-        for (int j = 0; j < count; ++j) {
-          if (t + j + kKvPrefetch <= last) {
-            cpu::Prefetch(v_cache + SlotOffset(table, t + j + kKvPrefetch) + kv_col, hd);
-          }
-          cpu::Axpy(scores[t - first + j], v + int64_t{j} * kv, out, hd);
-        }
-        t += count;
-      }
+  const bool parallel = int64_t{m} * heads * max_len * hd > (1 << 16);
+  const int threads = parallel ? num_threads_ : 1;
+  // Work items: a row and a range of its KV heads with their query heads.
+  // Each cached token's K (V) row holds every KV head back to back, so an
+  // item of all KV heads reads the cache in address order; rows are split
+  // by KV head only when there are fewer rows than threads.
+  const int kv_per_item = m >= threads ? kv_heads : 1;
+  const int items_per_row = kv_heads / kv_per_item;
+  const auto run_item = [&](int64_t item) {
+    // Scores of the item's query heads; each thread keeps its buffer.
+    thread_local std::vector<float> scores;
+    if (scores.size() < static_cast<size_t>(kv_per_item) * group * max_len) {
+      scores.resize(static_cast<size_t>(kv_per_item) * group * max_len);
     }
+    const int r = static_cast<int>(item / items_per_row);
+    const int kv0 = static_cast<int>(item % items_per_row) * kv_per_item;
+    const std::span<const int32_t> table = batch.seqs[row_seq[r]].block_table;
+    // Keys first..positions[r], read block by block through the table;
+    // scores[(h - first head) * len + t - first] for the item's heads.
+    const int first = FirstVisible(positions[r]), last = positions[r];
+    const int len = last + 1 - first;
+    const int64_t col = int64_t{kv0} * hd;
+    const int cols = kv_per_item * hd;
+    const float* qv = &scratch_.qkv[int64_t{r} * stride + int64_t{kv0} * group * hd];
+    // fn(t, row) for t in [first, last], `row` the token's cached K (or V)
+    // from the item's first KV head: block by block through the table,
+    // prefetching kKvPrefetch positions ahead.
+    const auto for_each_cached = [&](const float* cache, const auto& fn) {
+      for (int t = first; t <= last;) {
+        const int count = std::min(block_size_ - t % block_size_, last + 1 - t);
+        const float* row = cache + SlotOffset(table, t) + col;
+        for (int j = 0; j < count; ++j, row += kv) {
+          if (t + j + kKvPrefetch <= last) {
+            cpu::Prefetch(cache + SlotOffset(table, t + j + kKvPrefetch) + col, cols);
+          }
+          fn(t + j, row);
+        }
+        t += count;
+      }
+    };
+    for_each_cached(k_cache, [&](int t, const float* k) {
+      for (int h = 0; h < kv_per_item; ++h) {
+        cpu::DotsOfOneKey(qv + int64_t{h} * group * hd, group, k + int64_t{h} * hd, hd, scale,
+                          &scores[int64_t{h} * group * len + t - first], len);
+      }
+    });
+    for (int h = 0; h < kv_per_item * group; ++h) cpu::Softmax(&scores[int64_t{h} * len], len);
+    float* out = &scratch_.attn[int64_t{r} * q + int64_t{kv0} * group * hd];
+    std::fill(out, out + int64_t{kv_per_item} * group * hd, 0.0f);
+    for_each_cached(v_cache, [&](int t, const float* v) {
+      for (int h = 0; h < kv_per_item; ++h) {
+        cpu::AxpysOfOneValue(&scores[int64_t{h} * group * len + t - first], len,
+                             v + int64_t{h} * hd, hd, out + int64_t{h} * group * hd, group);
+      }
+    });
+  };
+  const int64_t items = int64_t{m} * items_per_row;
+  if (parallel) {
+    pool_->ParallelFor(items, run_item);
+  } else {
+    for (int64_t item = 0; item < items; ++item) run_item(item);
   }
 }
 
 absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handle& handle) {
   // Rows of the step: each sequence's new tokens, sequences back to back.
-  std::vector<int32_t> tokens, positions, row_seq;
-  std::vector<int> sample_rows;  // last row of each sampling sequence
+  std::vector<int32_t>& tokens = scratch_.tokens;
+  std::vector<int32_t>& positions = scratch_.positions;
+  std::vector<int32_t>& row_seq = scratch_.row_seq;
+  std::vector<int>& sample_rows = scratch_.sample_rows;  // last row of each sampling sequence
+  tokens.clear();
+  positions.clear();
+  row_seq.clear();
+  sample_rows.clear();
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const StepSequence& seq = batch.seqs[s];
     for (size_t i = 0; i < seq.tokens.size(); ++i) {
@@ -390,8 +419,15 @@ absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handl
   const int m = static_cast<int>(tokens.size());
   ResizeScratch(m);
   Embed(tokens);
+  // RoPE tables of every row's position, for all layers.
+  const int half = config_.head_dim / 2;
+#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
+  for (int r = 0; r < m; ++r) {
+    cpu::RopeCosSin(positions[r], inv_freq_.data(), half, &scratch_.cos[int64_t{r} * half],
+                    &scratch_.sin[int64_t{r} * half]);
+  }
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    AttentionInput(layer, m, positions);
+    AttentionInput(layer, m);
 #pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
     for (int r = 0; r < m; ++r) {
       StoreKv(layer, r, SlotOffset(batch.seqs[row_seq[r]].block_table, positions[r]));
@@ -406,13 +442,12 @@ absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handl
   if (sample_rows.empty()) return out;
   LmHead(sample_rows, logits_);
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  std::vector<float> scratch;
   size_t row = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const StepSequence& seq = batch.seqs[s];
     if (seq.sampling == nullptr) continue;
     out.sampled[s] = Sample(std::span<const float>(logits_).subspan(row * vocab, vocab),
-                            *seq.sampling, seq.history, config_.eos_token_ids, scratch);
+                            *seq.sampling, seq.history, config_.eos_token_ids, scratch_.sample);
     ++row;
   }
   if (batch.return_logits) out.logits = logits_;

@@ -33,7 +33,8 @@
 //
 // Steps run on the runner's own thread (FIFO), so Enqueue returns at once and
 // the caller can move layer i's KV while layer i+1 computes; the runner thread
-// owns the scratch buffers and drives the OpenMP pool.
+// owns the scratch buffers and drives the OpenMP threads (loops over many
+// rows: prefill, batched decode) and a WorkPool (batch-1 GEMVs, attention).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/cpu/weight_matrix.h"
+#include "engine/cpu/work_pool.h"
 #include "engine/model/weight_source.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/weight_dtype.h"
@@ -106,10 +108,14 @@ class CpuModelRunner : public ModelRunner {
     Matrix wgu;                     // [2 I, H]
     Matrix wdown;                   // [H, I]
   };
-  // Activations for M rows, reused across calls (engine thread only).
+  // Activations for M rows and a step's bookkeeping, reused across steps so
+  // that a decode step allocates nothing once warm (runner thread only).
   struct Scratch {
     std::vector<float> x, xn, qkv, attn, proj, gu, act;
-    std::vector<float> cos, sin;  // [M, head_dim / 2]
+    std::vector<float> cos, sin;                      // [M, head_dim / 2]: RoPE at each row
+    std::vector<int32_t> tokens, positions, row_seq;  // [M]
+    std::vector<int> sample_rows;                     // last row of each sampling sequence
+    std::vector<float> sample;                        // Sample's scratch
   };
 
   class Handle;
@@ -147,8 +153,9 @@ class CpuModelRunner : public ModelRunner {
   void MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const;
   void ResizeScratch(int m);
   void Embed(std::span<const int32_t> tokens);  // rows of scratch_.x
-  // qkv for all rows (bias, q/k norm), RoPE at positions[r] applied to q and k.
-  void AttentionInput(int layer, int m, std::span<const int32_t> positions);
+  // qkv for all rows (bias, q/k norm), RoPE (the tables in scratch_.cos and
+  // scratch_.sin) applied to q and k.
+  void AttentionInput(int layer, int m);
   // Copies k/v of row r (qkv buffer) into the cache slot of the same token.
   void StoreKv(int layer, int row, int64_t slot_offset);
   void AttentionOutputAndMlp(int layer, int m);
@@ -173,6 +180,9 @@ class CpuModelRunner : public ModelRunner {
   std::vector<KvRegion> regions_;  // over k_cache_/v_cache_
   Scratch scratch_;                // runner thread only
   std::vector<float> logits_;      // runner thread only
+  // Threads of batch-1 GEMVs and attention (num_threads_ in all, the runner
+  // thread included); OpenMP runs the loops over many rows.
+  std::unique_ptr<cpu::WorkPool> pool_;
 
   absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -3,9 +3,10 @@
 
 #include <cblas.h>
 #if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// placeholder operands (GCC bug 105593).
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
+// on their own placeholder operands (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #endif
 #include <omp.h>
@@ -151,9 +152,92 @@ __attribute__((target("avx512f"))) void AxpyAvx512(float a, const float* x, floa
         _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
+
+// The row k (or v) of n values in registers, up to kMaxVectors of 16 lanes
+// (head_dim <= 256); lanes past n are zero.
+constexpr int kMaxVectors = 16;
+struct Row512 {
+  __m512 v[kMaxVectors];
+  int full, count;  // whole vectors; all vectors (the last may be masked)
+  __mmask16 tail;
+};
+__attribute__((target("avx512f"))) inline void LoadRow(const float* p, int n, Row512& row) {
+  row.full = n / 16;
+  row.count = (n + 15) / 16;
+  row.tail = static_cast<__mmask16>((1u << (n % 16)) - 1);
+  for (int i = 0; i < row.full; ++i) row.v[i] = _mm512_loadu_ps(p + 16 * i);
+  if (row.count > row.full) row.v[row.full] = _mm512_maskz_loadu_ps(row.tail, p + 16 * row.full);
+}
+
+__attribute__((target("avx512f"))) void DotsOfOneKeyAvx512(const float* q, int count,
+                                                           const float* k, int n, float scale,
+                                                           float* scores, int64_t stride) {
+  Row512 key;
+  LoadRow(k, n, key);
+  for (int j = 0; j < count; ++j) {
+    const float* qj = q + int64_t{j} * n;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int i = 0;
+    for (; i + 1 < key.full; i += 2) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), key.v[i], s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i + 16), key.v[i + 1], s1);
+    }
+    if (i < key.full) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), key.v[i], s0);
+    if (key.count > key.full) {
+      s1 =
+          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(key.tail, qj + 16 * key.full), key.v[key.full], s1);
+    }
+    scores[j * stride] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+  }
+}
+
+__attribute__((target("avx512f"))) void AxpysOfOneValueAvx512(const float* weights, int64_t stride,
+                                                              const float* v, int n, float* out,
+                                                              int count) {
+  Row512 value;
+  LoadRow(v, n, value);
+  for (int j = 0; j < count; ++j) {
+    const __m512 a = _mm512_set1_ps(weights[j * stride]);
+    float* oj = out + int64_t{j} * n;
+    for (int i = 0; i < value.full; ++i) {
+      _mm512_storeu_ps(oj + 16 * i, _mm512_fmadd_ps(a, value.v[i], _mm512_loadu_ps(oj + 16 * i)));
+    }
+    if (value.count > value.full) {
+      float* o = oj + 16 * value.full;
+      _mm512_mask_storeu_ps(
+          o, value.tail,
+          _mm512_fmadd_ps(a, value.v[value.full], _mm512_maskz_loadu_ps(value.tail, o)));
+    }
+  }
+}
 #endif
 
+// Whether DotsOfOneKey and AxpysOfOneValue run AVX-512 for rows of n.
+bool AttentionAvx512(int n) {
+#if defined(__x86_64__)
+  return BestIsa() == Isa::kAvx512 && n <= 16 * kMaxVectors;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+void DotsOfOneKey(const float* q, int count, const float* k, int n, float scale, float* scores,
+                  int64_t stride) {
+#if defined(__x86_64__)
+  if (AttentionAvx512(n)) return DotsOfOneKeyAvx512(q, count, k, n, scale, scores, stride);
+#endif
+  for (int j = 0; j < count; ++j) scores[j * stride] = Dot(q + int64_t{j} * n, k, n) * scale;
+}
+
+void AxpysOfOneValue(const float* weights, int64_t stride, const float* v, int n, float* out,
+                     int count) {
+#if defined(__x86_64__)
+  if (AttentionAvx512(n)) return AxpysOfOneValueAvx512(weights, stride, v, n, out, count);
+#endif
+  for (int j = 0; j < count; ++j) Axpy(weights[j * stride], v, out + int64_t{j} * n, n);
+}
 
 // Attention calls Dot and Axpy once per (head, position): the portable
 // loops, built for the baseline x86-64 target, are 4 lanes wide.

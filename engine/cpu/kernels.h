@@ -58,6 +58,15 @@ void AddBias(float* y, const float* bias, int rows, int n, int num_threads);
 float Dot(const float* a, const float* b, int n);
 // y[i] += a * x[i].
 void Axpy(float a, const float* x, float* y, int n);
+// Attention over one cached position for the `count` query heads that share
+// a KV head (GQA), each of n values, heads back to back in q and out:
+//   scores[j * stride] = scale * Dot(q + j * n, k, n),
+//   out + j * n += weights[j * stride] * v          for j in [0, count).
+// The key or value row is read once for all of them.
+void DotsOfOneKey(const float* q, int count, const float* k, int n, float scale, float* scores,
+                  int64_t stride);
+void AxpysOfOneValue(const float* weights, int64_t stride, const float* v, int n, float* out,
+                     int count);
 // Asks the CPU to bring x[0..n) into cache (a hint: no effect on results).
 inline void Prefetch(const float* x, int n) {
   for (int i = 0; i < n; i += 16) __builtin_prefetch(x + i);

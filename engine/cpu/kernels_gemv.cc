@@ -2,10 +2,11 @@
 #include "engine/cpu/kernels_gemv.h"
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// placeholder operands (GCC bug 105593); the kernels read nothing
-// uninitialised.
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
+// on their own placeholder operands (GCC bug 105593); the kernels read
+// nothing uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #endif
 
@@ -43,20 +44,56 @@ void GemvBf16Portable(const uint16_t* w, const float* x, float* y, int n, int k)
   }
 }
 
-void GemvInt8Portable(const int8_t* q, const float* scales, const float* x, float* y, int n,
-                      int k) {
+// y[r] = sum over groups g of scales[r, g] * group_sum(row r, g, begin, end),
+// for the portable int8 kernels.
+template <typename GroupSum>
+void Int8RowsPortable(const int8_t* q, const float* scales, float* y, int n, int k,
+                      GroupSum group_sum) {
   const int64_t groups = Int8Groups(k);
   for (int r = 0; r < n; ++r) {
     const int8_t* row = q + int64_t{r} * k;
     const float* s = scales + r * groups;
     float sum = 0;
     for (int64_t g = 0; g < groups; ++g) {
-      const int end = static_cast<int>(std::min<int64_t>(k, (g + 1) * kInt8Group));
-      float part = 0;
-      for (int i = static_cast<int>(g * kInt8Group); i < end; ++i) part += row[i] * x[i];
-      sum += s[g] * part;
+      const int begin = static_cast<int>(g * kInt8Group);
+      sum += s[g] * group_sum(row, g, begin, std::min(k, begin + kInt8Group));
     }
     y[r] = sum;
+  }
+}
+
+void GemvInt8Portable(const int8_t* q, const float* scales, const float* x, float* y, int n,
+                      int k) {
+  Int8RowsPortable(q, scales, y, n, k, [x](const int8_t* row, int64_t, int begin, int end) {
+    float part = 0;
+    for (int i = begin; i < end; ++i) part += row[i] * x[i];
+    return part;
+  });
+}
+
+void GemvInt8ActPortable(const int8_t* q, const float* scales, const Int8Activations& x, float* y,
+                         int n, int k) {
+  Int8RowsPortable(q, scales, y, n, k, [&x](const int8_t* row, int64_t g, int begin, int end) {
+    int32_t dot = 0;
+    for (int i = begin; i < end; ++i) dot += row[i] * x.q[i];
+    return x.scales[g] * static_cast<float>(dot);
+  });
+}
+
+void QuantizeInt8Portable(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+  const int64_t groups = Int8Groups(k);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = r * k + g * kInt8Group, end = r * k + std::min(k, (g + 1) * kInt8Group);
+      float max_abs = 0;
+      for (int64_t i = begin; i < end; ++i) max_abs = std::max(max_abs, std::abs(w[i]));
+      const float scale = max_abs / 127.0f;
+      scales[r * groups + g] = scale;
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = scale > 0 ? std::nearbyint(w[i] / scale) : 0.0f;
+        q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      }
+    }
   }
 }
 
@@ -153,12 +190,14 @@ PDSERVE_AVX512 inline __mmask16 TailMask(int count) {
 // Loaders of 16 weights as fp32 (the lanes of `mask` only, others 0), for
 // GemvAvx512.
 struct F32x16 {
+  static constexpr int kUnroll = 2;
   PDSERVE_AVX512 static __m512 Load(const float* p) { return _mm512_loadu_ps(p); }
   PDSERVE_AVX512 static __m512 Load(const float* p, __mmask16 mask) {
     return _mm512_maskz_loadu_ps(mask, p);
   }
 };
 struct Bf16x16 {
+  static constexpr int kUnroll = 4;
   PDSERVE_AVX512 static __m512 Widen(__m256i raw) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
   }
@@ -181,27 +220,34 @@ struct Int8x16 {
   }
 };
 
-// fp32 or bf16 rows: one row at a time, 64 columns per iteration.
+// fp32 or bf16 rows: one row at a time, Loader::kUnroll vectors of 16
+// columns per iteration, one accumulator each. fp32 streams fastest with two
+// (a 128-byte step), bf16 with four (also 128 bytes): in a scratch
+// microbenchmark over the decode matrices of docs/performance.md, fp32 with
+// four accumulators streamed about 10% slower than with two.
 template <typename Loader, typename T>
 PDSERVE_AVX512 void GemvAvx512(const T* w, const float* x, float* y, int n, int k) {
-  const int k64 = k / 64 * 64, k16 = k / 16 * 16;
+  constexpr int kU = Loader::kUnroll;
+  const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
   const __mmask16 tail = TailMask(k - k16);
   for (int r = 0; r < n; ++r) {
     const T* row = w + int64_t{r} * k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a[kU];
+    for (int u = 0; u < kU; ++u) a[u] = _mm512_setzero_ps();
     int i = 0;
-    for (; i < k64; i += 64) {
-      a0 = _mm512_fmadd_ps(Loader::Load(row + i), _mm512_loadu_ps(x + i), a0);
-      a1 = _mm512_fmadd_ps(Loader::Load(row + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-      a2 = _mm512_fmadd_ps(Loader::Load(row + i + 32), _mm512_loadu_ps(x + i + 32), a2);
-      a3 = _mm512_fmadd_ps(Loader::Load(row + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+    for (; i < kb; i += 16 * kU) {
+      for (int u = 0; u < kU; ++u) {
+        a[u] =
+            _mm512_fmadd_ps(Loader::Load(row + i + 16 * u), _mm512_loadu_ps(x + i + 16 * u), a[u]);
+      }
     }
     for (; i < k16; i += 16)
-      a0 = _mm512_fmadd_ps(Loader::Load(row + i), _mm512_loadu_ps(x + i), a0);
+      a[0] = _mm512_fmadd_ps(Loader::Load(row + i), _mm512_loadu_ps(x + i), a[0]);
     if (tail) {
-      a1 = _mm512_fmadd_ps(Loader::Load(row + i, tail), _mm512_maskz_loadu_ps(tail, x + i), a1);
+      a[1] = _mm512_fmadd_ps(Loader::Load(row + i, tail), _mm512_maskz_loadu_ps(tail, x + i), a[1]);
     }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (int u = 2; u < kU; ++u) a[u & 1] = _mm512_add_ps(a[u & 1], a[u]);
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
   }
 }
 
@@ -236,6 +282,99 @@ PDSERVE_AVX512 void GemvInt8Avx512(const int8_t* q, const float* scales, const f
   }
 }
 
+// QuantizeInt8Portable, 32 values at a time: the same operations (a
+// division, round to nearest even, clamp), so the same bits.
+PDSERVE_AVX512 void QuantizeInt8Avx512(const float* w, int64_t n, int64_t k, int8_t* q,
+                                       float* scales) {
+  const int64_t groups = Int8Groups(k), full = k / kInt8Group;
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < full; ++g) {
+      const int64_t at = r * k + g * kInt8Group;
+      const __m512 a = _mm512_loadu_ps(w + at), b = _mm512_loadu_ps(w + at + 16);
+      const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+      const float scale = max_abs / 127.0f;
+      scales[r * groups + g] = scale;
+      __m512i qa = _mm512_setzero_si512(), qb = qa;
+      if (scale > 0) {
+        const __m512 sv = _mm512_set1_ps(scale);
+        constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        qa = _mm512_cvtps_epi32(_mm512_min_ps(
+            _mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(a, sv), kNearest), lo), hi));
+        qb = _mm512_cvtps_epi32(_mm512_min_ps(
+            _mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(b, sv), kNearest), lo), hi));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + at), _mm512_cvtepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + at + 16), _mm512_cvtepi32_epi8(qb));
+    }
+    if (full < groups) {
+      const int64_t at = r * k + full * kInt8Group;
+      QuantizeInt8Portable(w + at, 1, k - full * kInt8Group, q + at, scales + r * groups + full);
+    }
+  }
+}
+
+// GemvInt8Act with AVX-512 VNNI. vpdpbusd multiplies unsigned by signed
+// bytes, so the weights are flipped to w + 128 (xor 0x80) and each int32 lane
+// starts at x.lane_bias = -128 * (sum of its 4 activations): the lane then
+// holds the exact sum of its 4 products. A 64-byte chunk is two groups:
+// lanes 0-7 the first, 8-15 the second; each lane's sum is converted to fp32
+// and scaled by (weight scale * activation scale) of its group.
+// Bytes ahead of the current chunk GemvInt8ActAvx512Vnni prefetches.
+constexpr int kInt8ActPrefetch = 4096;
+
+#define PDSERVE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+// acc + (weight chunk c of `row`, loaded under `mask`) . (chunk c of x) * sw
+// * (x's lane scales), as described above.
+PDSERVE_AVX512_VNNI inline __m512 Int8ActChunk(const int8_t* row, const Int8Activations& x, int c,
+                                               __mmask64 mask, __m512 sw, __m512 acc) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, row + 64 * c), flip);
+  const __m512i sums = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.lane_bias.data() + 16 * c), wu,
+                                           _mm512_loadu_si512(x.q.data() + 64 * c));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums),
+                         _mm512_mul_ps(sw, _mm512_loadu_ps(x.lane_scale.data() + 16 * c)), acc);
+}
+
+PDSERVE_AVX512_VNNI void GemvInt8ActAvx512Vnni(const int8_t* q, const float* scales,
+                                               const Int8Activations& x, float* y, int n, int k) {
+  const int64_t groups = Int8Groups(k);
+  const int chunks = k / 64;  // full 64-value chunks
+  // Lanes 0-7 take scale 0 of four, 8-15 scale 1; or scales 2 and 3.
+  const __m512i first2 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i next2 = _mm512_add_epi32(first2, _mm512_set1_epi32(2));
+  for (int r = 0; r < n; ++r) {
+    const int8_t* row = q + int64_t{r} * k;
+    const float* s = scales + r * groups;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    int c = 0;
+    for (; c + 2 <= chunks; c += 2) {  // groups 2c .. 2c + 3, all whole
+      // This loop has so few instructions per byte that the out-of-order
+      // window alone keeps too few cache misses in flight: prefetching 4 KiB
+      // ahead (into L1) streamed about 25% faster in a scratch
+      // microbenchmark on the Zen 4 machine. The fp32, bf16 and weight-only
+      // int8 loops do not prefetch: there it measured neutral or slower.
+      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch + 64,
+                   _MM_HINT_T0);
+      const __m512 s4 = _mm512_castps128_ps512(_mm_loadu_ps(s + 2 * c));
+      acc0 = Int8ActChunk(row, x, c, ~__mmask64{0}, _mm512_permutexvar_ps(first2, s4), acc0);
+      acc1 = Int8ActChunk(row, x, c + 1, ~__mmask64{0}, _mm512_permutexvar_ps(next2, s4), acc1);
+    }
+    // At most two chunks left, the last possibly short. Masked-off weights
+    // read as 0 and meet zero padding of x.q, lane_bias and lane_scale.
+    for (; 64 * c < k; ++c) {
+      const int left = k - 64 * c;
+      const __mmask64 mask = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+      const __mmask16 smask = groups - 2 * c >= 2 ? 0x3 : 0x1;
+      const __m512 s2 = _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, s + 2 * c));
+      acc0 = Int8ActChunk(row, x, c, mask, _mm512_permutexvar_ps(first2, s2), acc0);
+    }
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+}
+
 Isa DetectIsa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
@@ -258,6 +397,15 @@ Isa BestIsa() {
   return best;
 }
 
+bool HasAvx512Vnni() {
+#if defined(__x86_64__)
+  static const bool vnni = BestIsa() == Isa::kAvx512 && __builtin_cpu_supports("avx512vnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 const char* IsaName(Isa isa) {
   switch (isa) {
     case Isa::kPortable:
@@ -271,19 +419,27 @@ const char* IsaName(Isa isa) {
 }
 
 void QuantizeInt8(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+#if defined(__x86_64__)
+  if (BestIsa() == Isa::kAvx512) return QuantizeInt8Avx512(w, n, k, q, scales);
+#endif
+  QuantizeInt8Portable(w, n, k, q, scales);
+}
+
+void QuantizeActivations(const float* x, int k, Int8Activations& out) {
   const int64_t groups = Int8Groups(k);
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t begin = r * k + g * kInt8Group, end = r * k + std::min(k, (g + 1) * kInt8Group);
-      float max_abs = 0;
-      for (int64_t i = begin; i < end; ++i) max_abs = std::max(max_abs, std::abs(w[i]));
-      const float scale = max_abs / 127.0f;
-      scales[r * groups + g] = scale;
-      for (int64_t i = begin; i < end; ++i) {
-        const float v = scale > 0 ? std::nearbyint(w[i] / scale) : 0.0f;
-        q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-      }
-    }
+  const size_t padded = (static_cast<size_t>(k) + 63) / 64 * 64;
+  out.k = k;
+  out.q.resize(padded);
+  out.scales.resize(static_cast<size_t>(groups));
+  QuantizeInt8(x, 1, k, out.q.data(), out.scales.data());
+  std::fill(out.q.begin() + k, out.q.end(), int8_t{0});
+  out.lane_bias.resize(padded / 4);
+  out.lane_scale.resize(padded / 4);
+  for (size_t lane = 0; lane < padded / 4; ++lane) {
+    const int8_t* v = &out.q[4 * lane];
+    out.lane_bias[lane] = -128 * (v[0] + v[1] + v[2] + v[3]);
+    out.lane_scale[lane] =
+        4 * lane < static_cast<size_t>(k) ? out.scales[4 * lane / kInt8Group] : 0;
   }
 }
 
@@ -345,6 +501,16 @@ void GemvInt8(const int8_t* q, const float* scales, const float* x, float* y, in
     case Isa::kPortable:
       return GemvInt8Portable(q, scales, x, y, n, k);
   }
+}
+
+void GemvInt8Act(const int8_t* q, const float* scales, const Int8Activations& x, float* y, int n,
+                 int k, Isa isa) {
+#if defined(__x86_64__)
+  if (Usable(isa) == Isa::kAvx512 && HasAvx512Vnni()) {
+    return GemvInt8ActAvx512Vnni(q, scales, x, y, n, k);
+  }
+#endif
+  GemvInt8ActPortable(q, scales, x, y, n, k);
 }
 
 }  // namespace pdserve::engine::cpu

@@ -36,7 +36,13 @@ const char* StorageName(WeightMatrix::Storage storage) {
   return "unknown";
 }
 
-void WeightMatrix::Free::operator()(std::byte* p) const { std::free(p); }
+void WeightMatrix::Free::operator()(std::byte* p) const {
+  if (mapped_bytes > 0) {
+    munmap(p, mapped_bytes);
+  } else {
+    std::free(p);
+  }
+}
 
 void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
   storage_ = storage;
@@ -57,15 +63,32 @@ void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
               static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(float);
       break;
   }
-  // Large matrices: whole 2 MiB pages, advised huge (a no-op where
-  // transparent huge pages are off).
-  const bool huge = bytes >= kHugePage / 2;
-  const size_t align = huge ? kHugePage : 64;
-  const size_t size = RoundUp(std::max<size_t>(bytes, 1), align);
-  void* p = std::aligned_alloc(align, size);
+  // Large matrices: whole 2 MiB pages from a fresh mapping, advised huge
+  // before anything touches them. Heap memory would not do: pages a freed
+  // buffer already faulted in stay 4 KiB pages whatever madvise says later,
+  // and a weight stream over 4 KiB pages ran at about half the rate
+  // (docs/performance.md). Where transparent huge pages are off or not built
+  // in, madvise fails or is a no-op and the mapping keeps 4 KiB pages; where
+  // the mapping itself fails, the heap below serves instead.
+  if (bytes >= kHugePage / 2) {
+    const size_t size = RoundUp(bytes, kHugePage);
+    void* raw =
+        mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw != MAP_FAILED) {
+      // Trim the mapping to a 2 MiB-aligned range of `size` bytes.
+      auto* begin = static_cast<std::byte*>(raw);
+      const size_t head = RoundUp(reinterpret_cast<uintptr_t>(begin), kHugePage) -
+                          reinterpret_cast<uintptr_t>(begin);
+      if (head > 0) munmap(begin, head);
+      munmap(begin + head + size, kHugePage - head);  // head < kHugePage
+      madvise(begin + head, size, MADV_HUGEPAGE);     // advice only: failure is fine
+      data_ = std::unique_ptr<std::byte, Free>(begin + head, Free{size});
+      return;
+    }
+  }
+  void* p = std::aligned_alloc(64, RoundUp(std::max<size_t>(bytes, 1), 64));
   if (p == nullptr) throw std::bad_alloc();
-  if (huge) madvise(p, size, MADV_HUGEPAGE);
-  data_.reset(static_cast<std::byte*>(p));
+  data_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{0});
 }
 
 WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, int64_t cols,
@@ -88,9 +111,11 @@ WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, 
       break;
     }
     case WeightDtype::kInt8:
+    case WeightDtype::kW8A8:
       w.Allocate(Storage::kInt8, rows, cols);
       QuantizeInt8(values.data(), rows, cols, reinterpret_cast<int8_t*>(w.data_.get()),
                    reinterpret_cast<float*>(w.data_.get() + w.scales_offset_));
+      w.quantize_activations_ = dtype == WeightDtype::kW8A8;
       break;
   }
   return w;
@@ -176,32 +201,71 @@ void WeightMatrix::BlockGemm(const float* x, float* y, int m, int64_t first, int
   }
 }
 
-void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads) const {
+void WeightMatrix::GemvRows(const float* x, const Int8Activations& xq, float* y, int first,
+                            int count) const {
+  const int k = static_cast<int>(cols_);
+  const int64_t at = int64_t{first} * k;
+  const Isa isa = BestIsa();
+  switch (storage_) {
+    case Storage::kF32:
+      return GemvF32(f32() + at, x, y + first, count, k, isa);
+    case Storage::kBf16:
+      return GemvBf16(bf16() + at, x, y + first, count, k, isa);
+    case Storage::kInt8: {
+      const float* s = scales() + first * Int8Groups(k);
+      if (quantize_activations_) return GemvInt8Act(int8() + at, s, xq, y + first, count, k, isa);
+      return GemvInt8(int8() + at, s, x, y + first, count, k, isa);
+    }
+  }
+}
+
+void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  // w8a8: the activations rounded once, here, before the threads split the
+  // rows; the threads read the caller's buffers.
+  thread_local Int8Activations quantized_x;
+  thread_local std::vector<float> rounded_x;
+  if (quantize_activations_) {
+    if (m == 1) {
+      QuantizeActivations(x, k, quantized_x);
+    } else {
+      // Each row rounded as the GEMV rounds it, then the fp32 sgemm path:
+      // the same products up to fp32 summation order.
+      const int64_t groups = Int8Groups(k);
+      std::vector<int8_t>& q = quantized_x.q;
+      std::vector<float>& s = quantized_x.scales;
+      q.resize(static_cast<size_t>(m) * k);
+      s.resize(static_cast<size_t>(m * groups));
+      rounded_x.resize(static_cast<size_t>(m) * k);
+      QuantizeInt8(x, m, k, q.data(), s.data());
+      DequantizeInt8(q.data(), s.data(), m, k, rounded_x.data());
+      x = rounded_x.data();
+    }
+  }
+  const Int8Activations& xq = quantized_x;
+  if (m == 1 && pool != nullptr && pool->num_threads() > 1) {
+    // Chunks of whole 16-row groups, about 128 KiB of weights each: long
+    // enough streams, few enough claims.
+    const int64_t row_bytes = std::max<int64_t>(1, bytes() / rows_);
+    const int chunk =
+        static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
+    pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
+      const int first = static_cast<int>(c) * chunk;
+      GemvRows(x, xq, y, first, std::min(chunk, n - first));
+    });
+    return;
+  }
   // Blocks of rows, a multiple of 16, one per thread.
   const int threads = MatMulThreads(m, n, k, num_threads);
   const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
-  const Isa isa = BestIsa();
-  const int64_t groups = Int8Groups(k);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int n0 = 0; n0 < n; n0 += block) {
     const int nb = std::min(block, n - n0);
     if (m > 1) {
       BlockGemm(x, y, m, n0, nb);
-      continue;
-    }
-    const int64_t at = int64_t{n0} * k;
-    switch (storage_) {
-      case Storage::kF32:
-        GemvF32(f32() + at, x, y + n0, nb, k, isa);
-        break;
-      case Storage::kBf16:
-        GemvBf16(bf16() + at, x, y + n0, nb, k, isa);
-        break;
-      case Storage::kInt8:
-        GemvInt8(int8() + at, scales() + n0 * groups, x, y + n0, nb, k, isa);
-        break;
+    } else {
+      GemvRows(x, xq, y, n0, nb);
     }
   }
 }

@@ -2,9 +2,11 @@
 // torch.nn.Linear stores it) in fp32, bf16 or int8 with one fp32 scale per
 // group of 32 values of a row (kernels_gemv.h), and the matmul that reads it.
 //
-// Storage is one allocation, 2 MiB aligned and advised for transparent huge
-// pages when large: batch-1 decode streams every weight once per step, and
-// fewer page boundaries keep the hardware prefetchers running.
+// Storage is one allocation; a large one is a fresh 2 MiB-aligned mapping
+// advised for transparent huge pages before its first touch: batch-1 decode
+// streams every weight once per step, and over 4 KiB pages that stream runs
+// at about half the rate (TLB misses, prefetchers stopping at page edges).
+// Where the mapping fails the heap serves (64-byte aligned, 4 KiB pages).
 //
 // Thread safety: const methods may run concurrently; MatMul forks its own
 // OpenMP threads, so call it from one thread at a time per process (the
@@ -17,6 +19,8 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
 #include "engine/runtime/weight_dtype.h"
 
@@ -33,7 +37,8 @@ class WeightMatrix {
 
   // From rows * cols fp32 values. WeightDtype::kAuto stores bf16 when every
   // value is exactly a bf16 number, else fp32; kBf16 rounds to nearest even;
-  // kInt8 quantizes (QuantizeInt8).
+  // kInt8 quantizes (QuantizeInt8); kW8A8 quantizes and marks the matrix to
+  // quantize its activations too (quantize_activations()).
   static WeightMatrix FromF32(std::span<const float> values, int64_t rows, int64_t cols,
                               WeightDtype dtype);
   // From a checkpoint tensor's raw little-endian bytes (F32, F16 or BF16;
@@ -47,20 +52,31 @@ class WeightMatrix {
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   bool empty() const { return rows_ == 0; }
+  // kW8A8: MatMul rounds each row of x as QuantizeInt8 would (groups of 32,
+  // scale max |x| / 127) and multiplies those values; int8 storage only.
+  bool quantize_activations() const { return quantize_activations_; }
   // Bytes one pass over the matrix reads: values plus int8 scales.
   int64_t bytes() const;
 
   // out[r - first, :] = row r as fp32, for rows [first, first + count).
   void RowsToFloat(int64_t first, int64_t count, float* out) const;
 
-  // y[m, rows] = x[m, cols] * W^T, accumulated in fp32, over at most
-  // `num_threads` OpenMP threads, each taking a block of rows. m == 1: the
-  // streaming GEMV of kernels_gemv.h; m > 1: OpenBLAS sgemm, with bf16 and
-  // int8 rows expanded to fp32 a cache-sized block at a time.
-  void MatMul(const float* x, float* y, int m, int num_threads) const;
+  // y[m, rows] = x[m, cols] * W^T, accumulated in fp32. m == 1: the
+  // streaming GEMV of kernels_gemv.h, on the threads of `pool` when given
+  // (rows in chunks of about 128 KiB, claimed as threads come free), else
+  // over at most `num_threads` OpenMP threads, each taking a block of rows;
+  // m > 1: OpenBLAS sgemm on at most `num_threads` OpenMP threads, with bf16
+  // and int8 rows expanded to fp32 a cache-sized block at a time. With
+  // quantize_activations(), x's rows are rounded first: at m == 1 to int8
+  // for GemvInt8Act, at m > 1 to the same values in fp32.
+  void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:
+  // Frees storage from Allocate: munmap of `mapped_bytes` when non-zero,
+  // else std::free. (No member initialiser: a nested class's is not usable
+  // before the enclosing class is complete; unique_ptr value-initialises it.)
   struct Free {
+    size_t mapped_bytes;
     void operator()(std::byte* p) const;
   };
   // Uninitialised storage for rows x cols values of `storage` (and the
@@ -75,11 +91,14 @@ class WeightMatrix {
   }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
+  // y[r] for rows [first, first + count), m == 1 (xq: x quantized, w8a8 only).
+  void GemvRows(const float* x, const Int8Activations& xq, float* y, int first, int count) const;
 
   Storage storage_ = Storage::kF32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
   int64_t scales_offset_ = 0;  // bytes from data_ to the int8 scales
+  bool quantize_activations_ = false;
   std::unique_ptr<std::byte, Free> data_;
 };
 

@@ -1,6 +1,7 @@
 // How a backend stores weight matrices in memory, chosen per process
 // (RunnerOptions::weight_dtype, the workers' --weight_dtype flag). Norms,
-// biases and activations are fp32 whatever is chosen.
+// biases and activations are fp32 whatever is chosen, except that kW8A8
+// also rounds the activations entering each matrix product.
 #pragma once
 
 #include <string>
@@ -20,9 +21,14 @@ enum class WeightDtype {
   // Weight-only int8: each row in groups of 32 values, one fp32 scale per
   // group (max |value| / 127), values rounded to nearest (Q8_0-like).
   kInt8,
+  // kInt8 weights, and each activation row entering a matrix product
+  // quantized the same way (groups of 32, scale max |x| / 127) before it:
+  // int8 x int8 dot products (Q8_0 x Q8_0), a second rounding on top of
+  // kInt8's. Opt-in; see docs/architecture.md.
+  kW8A8,
 };
 
-// "auto", "f32", "bf16", "int8".
+// "auto", "f32", "bf16", "int8", "w8a8".
 std::string_view WeightDtypeName(WeightDtype dtype);
 // The inverse of WeightDtypeName; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<WeightDtype> ParseWeightDtype(std::string_view name);

@@ -1,5 +1,5 @@
-// CPU kernels: bf16 packing. The weight matmuls are tested in
-// weight_matrix_test.cc.
+// CPU kernels: bf16 packing and attention's grouped dot products. The weight
+// matmuls are tested in weight_matrix_test.cc.
 #include "engine/cpu/kernels.h"
 
 #include <cmath>
@@ -37,6 +37,40 @@ TEST(Bf16Test, ExactnessRoundTrip) {
   std::vector<float> inexact = exact;
   inexact[517] = 1.0f + 1.0f / 1024;  // needs more than bf16's 8 mantissa bits
   EXPECT_FALSE(IsBf16Exact(inexact.data(), 1000));
+}
+
+// DotsOfOneKey and AxpysOfOneValue against float64 sums, for head sizes with
+// and without a 16-lane tail and above the register-resident limit (256).
+TEST(AttentionKernelsTest, GroupedDotsAndAxpysMatchPlainSums) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int n : {1, 15, 16, 17, 64, 100, 128, 256, 300}) {
+    for (int count : {1, 3, 8}) {
+      const int64_t stride = 5;
+      std::vector<float> q(static_cast<size_t>(count) * n), k(n), v(n);
+      for (float& x : q) x = dist(gen);
+      for (float& x : k) x = dist(gen);
+      for (float& x : v) x = dist(gen);
+      std::vector<float> scores(static_cast<size_t>(count * stride), -1.0f);
+      DotsOfOneKey(q.data(), count, k.data(), n, 0.125f, scores.data(), stride);
+      std::vector<float> out(q.size(), 0.5f);
+      AxpysOfOneValue(scores.data(), stride, v.data(), n, out.data(), count);
+      for (int j = 0; j < count; ++j) {
+        double dot = 0, abs_sum = 0;
+        for (int i = 0; i < n; ++i) {
+          dot += double{q[j * n + i]} * k[i];
+          abs_sum += std::abs(double{q[j * n + i]} * k[i]);
+        }
+        const float s = scores[j * stride];
+        EXPECT_NEAR(s, 0.125 * dot, 0.125 * abs_sum * 1e-6 + 1e-30)
+            << n << " " << count << " " << j;
+        EXPECT_EQ(scores[j * stride + 1], -1.0f) << "wrote between the strided scores";
+        for (int i = 0; i < n; ++i) {
+          EXPECT_NEAR(out[j * n + i], 0.5 + double{s} * v[i], 1e-6) << n << " " << j << " " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

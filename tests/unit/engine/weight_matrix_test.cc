@@ -10,9 +10,14 @@
 //   int8 against the fp32 matrix it was quantized from: each value moves by
 //     at most half its group's scale step, so
 //     |y_int8 - y_fp32| <= sum_i |x_i| * scale(i) / 2, plus the fp32
-//     summation bound above.
+//     summation bound above;
+//   w8a8 (x rounded the same way, scale sx per group of x) against fp32:
+//     with w' and x' the rounded values,
+//     |sum w'x' - sum wx| <= sum_i |x_i| * scale(i) / 2 + sum_i |w'_i| * sx(i) / 2,
+//     plus the summation bound; against sum w'x' only the summation bound.
 #include "engine/cpu/weight_matrix.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -21,6 +26,7 @@
 
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
 #include "gtest/gtest.h"
 
@@ -96,21 +102,31 @@ TEST(GemvTest, F32AndBf16MatchTheExactProductOnEveryIsa) {
   }
 }
 
+// Rows quantized by QuantizeInt8, and their values back in fp32.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> scales, values;
+};
+QuantizedRows Quantize(const std::vector<float>& w, int n, int k) {
+  QuantizedRows out{std::vector<int8_t>(w.size()),
+                    std::vector<float>(static_cast<size_t>(n * Int8Groups(k))),
+                    std::vector<float>(w.size())};
+  QuantizeInt8(w.data(), n, k, out.q.data(), out.scales.data());
+  DequantizeInt8(out.q.data(), out.scales.data(), n, k, out.values.data());
+  return out;
+}
+
 TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
   uint32_t seed = 100;
   for (int n : kRows) {
     for (int k : kCols) {
       const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
       const std::vector<float> x = Normal(k, ++seed);
-      std::vector<int8_t> q(w.size());
-      std::vector<float> scales(static_cast<size_t>(n * Int8Groups(k)));
-      QuantizeInt8(w.data(), n, k, q.data(), scales.data());
-      std::vector<float> dq(w.size());
-      DequantizeInt8(q.data(), scales.data(), n, k, dq.data());
-      const Reference ref = Exact(dq, x, 1, n, k);
+      const QuantizedRows wq = Quantize(w, n, k);
+      const Reference ref = Exact(wq.values, x, 1, n, k);
       for (Isa isa : IsasHere()) {
         std::vector<float> y(n);
-        GemvInt8(q.data(), scales.data(), x.data(), y.data(), n, k, isa);
+        GemvInt8(wq.q.data(), wq.scales.data(), x.data(), y.data(), n, k, isa);
         for (int r = 0; r < n; ++r) {
           // Scale products add one fp32 rounding per group to the bound.
           EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
@@ -118,6 +134,55 @@ TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
         }
       }
     }
+  }
+}
+
+// x as GemvInt8Act and the w8a8 GEMM see it: each row rounded to int8 in
+// groups of 32, back in fp32.
+std::vector<float> RoundedActivations(const std::vector<float>& x, int m, int k) {
+  return Quantize(x, m, k).values;
+}
+
+TEST(GemvTest, Int8ActMatchesItsRoundedValuesOnEveryIsa) {
+  uint32_t seed = 150;
+  for (int n : kRows) {
+    for (int k : {1, 7, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 777}) {
+      const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+      const std::vector<float> x = Normal(k, ++seed);
+      const QuantizedRows wq = Quantize(w, n, k);
+      Int8Activations xq;
+      QuantizeActivations(x.data(), k, xq);
+      const Reference ref = Exact(wq.values, RoundedActivations(x, 1, k), 1, n, k);
+      for (Isa isa : IsasHere()) {
+        std::vector<float> y(n);
+        GemvInt8Act(wq.q.data(), wq.scales.data(), xq, y.data(), n, k, isa);
+        for (int r = 0; r < n; ++r) {
+          // The scale products add one fp32 rounding per group.
+          EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
+              << IsaName(isa) << (HasAvx512Vnni() ? " (vnni) " : " ") << n << "x" << k << " row "
+              << r;
+        }
+      }
+    }
+  }
+}
+
+// A shorter activation vector after a longer one: the buffers are reused and
+// the padding is zero again.
+TEST(GemvTest, QuantizeActivationsPadsWithZeros) {
+  Int8Activations xq;
+  const std::vector<float> long_x = Normal(200, 160), short_x = Normal(70, 161);
+  QuantizeActivations(long_x.data(), 200, xq);
+  QuantizeActivations(short_x.data(), 70, xq);
+  ASSERT_EQ(xq.k, 70);
+  ASSERT_EQ(xq.q.size(), 128u);
+  ASSERT_EQ(xq.scales.size(), 3u);
+  ASSERT_EQ(xq.lane_bias.size(), 32u);
+  for (int i = 70; i < 128; ++i) EXPECT_EQ(xq.q[i], 0) << i;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int8_t* v = &xq.q[4 * lane];
+    EXPECT_EQ(xq.lane_bias[lane], -128 * (v[0] + v[1] + v[2] + v[3])) << lane;
+    EXPECT_EQ(xq.lane_scale[lane], 4 * lane < 70 ? xq.scales[4 * lane / 32] : 0.0f) << lane;
   }
 }
 
@@ -141,6 +206,32 @@ TEST(QuantizeInt8Test, RoundsToNearestWithinHalfAScaleStep) {
   EXPECT_EQ(scales[2 * 3], 0.0f);
   EXPECT_EQ(q[3 * k + 40], 127);
   EXPECT_FLOAT_EQ(scales[3 * 3 + 1], 1000.0f / 127);
+}
+
+// The vectorised quantizer gives the bits of the plain definition.
+TEST(QuantizeInt8Test, EveryIsaGivesTheBitsOfTheDefinition) {
+  for (int k : {5, 32, 77, 768}) {
+    const int n = 3;
+    std::vector<float> w = Normal(n * k, 8 + k);
+    for (int i = 0; i < std::min(k, 32); ++i) w[i] = 0.0f;  // an all-zero group
+    std::vector<int8_t> q(w.size());
+    std::vector<float> scales(static_cast<size_t>(n * Int8Groups(k)));
+    QuantizeInt8(w.data(), n, k, q.data(), scales.data());
+    for (int r = 0; r < n; ++r) {
+      for (int64_t g = 0; g < Int8Groups(k); ++g) {
+        const int begin = static_cast<int>(g * 32), end = std::min<int>(k, begin + 32);
+        float max_abs = 0;
+        for (int i = begin; i < end; ++i) max_abs = std::max(max_abs, std::abs(w[r * k + i]));
+        const float scale = max_abs / 127.0f;
+        ASSERT_EQ(scales[r * Int8Groups(k) + g], scale) << k << " " << r << " " << g;
+        for (int i = begin; i < end; ++i) {
+          const float v = scale > 0 ? std::nearbyint(w[r * k + i] / scale) : 0.0f;
+          ASSERT_EQ(q[r * k + i], static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f)))
+              << k << " " << r << " " << i;
+        }
+      }
+    }
+  }
 }
 
 // The stored matrix through WeightMatrix::MatMul (GEMV at m == 1, blocked
@@ -174,41 +265,104 @@ TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
   }
 }
 
-// The int8 GEMV and GEMM against the fp32 matrix they were quantized from,
-// within half a scale step per weight.
-TEST(WeightMatrixTest, Int8MatMulIsWithinHalfAStepPerWeightOfFp32) {
+// The int8 and w8a8 GEMV and GEMM against the fp32 matrix and activations:
+// within half a scale step per weight, and for w8a8 half a step per
+// activation too (the bounds in the file comment).
+TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
   const int n = 96, k = 768;
   const std::vector<float> w = Normal(int64_t{n} * k, 300);
-  const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, WeightDtype::kInt8);
-  for (int m : {1, 16}) {
-    const std::vector<float> x = Normal(int64_t{m} * k, 301 + m);
-    const Reference ref = Exact(w, x, m, n, k);
-    std::vector<float> y(static_cast<size_t>(m) * n);
-    mat.MatMul(x.data(), y.data(), m, 2);
-    double worst = 0;
-    for (int i = 0; i < m; ++i) {
-      for (int r = 0; r < n; ++r) {
-        // Each group's scale is max |w| / 127 over the group.
-        double bound = 0;
-        std::vector<float> row_scales(static_cast<size_t>(Int8Groups(k)));
-        for (int64_t g = 0; g < Int8Groups(k); ++g) {
-          float max_abs = 0;
-          for (int c = static_cast<int>(g * 32); c < std::min<int>(k, (g + 1) * 32); ++c) {
-            max_abs = std::max(max_abs, std::abs(w[int64_t{r} * k + c]));
+  for (WeightDtype dtype : {WeightDtype::kInt8, WeightDtype::kW8A8}) {
+    const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, dtype);
+    const bool w8a8 = dtype == WeightDtype::kW8A8;
+    std::vector<float> stored(w.size());
+    mat.RowsToFloat(0, n, stored.data());
+    for (int m : {1, 16}) {
+      const std::vector<float> x = Normal(int64_t{m} * k, 301 + m);
+      const Reference ref = Exact(w, x, m, n, k);
+      std::vector<float> y(static_cast<size_t>(m) * n);
+      mat.MatMul(x.data(), y.data(), m, 2);
+      double worst = 0;
+      for (int i = 0; i < m; ++i) {
+        const float* xi = &x[int64_t{i} * k];
+        for (int r = 0; r < n; ++r) {
+          // Each group's scale is max |value| / 127 over the group.
+          double bound = 0;
+          for (int64_t g = 0; g < Int8Groups(k); ++g) {
+            const int begin = static_cast<int>(g * 32), end = std::min<int>(k, begin + 32);
+            float w_max = 0, x_max = 0;
+            for (int c = begin; c < end; ++c) {
+              w_max = std::max(w_max, std::abs(w[int64_t{r} * k + c]));
+              x_max = std::max(x_max, std::abs(xi[c]));
+            }
+            for (int c = begin; c < end; ++c) {
+              bound += std::abs(double{xi[c]}) * (w_max / 127) / 2;
+              if (w8a8) bound += std::abs(double{stored[int64_t{r} * k + c]}) * (x_max / 127) / 2;
+            }
           }
-          row_scales[g] = max_abs / 127;
+          const int64_t at = int64_t{i} * n + r;
+          const double err = std::abs(y[at] - ref.y[at]);
+          EXPECT_LE(err, bound + 2 * ref.bound[at])
+              << WeightDtypeName(dtype) << " m " << m << " row " << r;
+          worst = std::max(worst, err / std::max(1e-30, bound));
         }
-        for (int c = 0; c < k; ++c) {
-          bound += std::abs(double{x[int64_t{i} * k + c]}) * row_scales[c / 32] / 2;
+      }
+      // Rounding errors of independent values cancel: far below the bound.
+      EXPECT_LT(worst, 0.5) << WeightDtypeName(dtype) << " m " << m;
+    }
+  }
+}
+
+// w8a8 through WeightMatrix::MatMul: the GEMV (m == 1) and the GEMM (m > 1)
+// both give the product of the stored weights and the rounded activations.
+TEST(WeightMatrixTest, W8A8MatMulMatchesItsRoundedValues) {
+  uint32_t seed = 250;
+  for (int m : {1, 2, 17}) {
+    for (int n : {1, 7, 64, 131}) {
+      for (int k : {1, 13, 96, 777}) {
+        const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+        const std::vector<float> x = Normal(int64_t{m} * k, ++seed);
+        const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, WeightDtype::kW8A8);
+        ASSERT_EQ(mat.storage(), WeightMatrix::Storage::kInt8);
+        ASSERT_TRUE(mat.quantize_activations());
+        std::vector<float> stored(w.size());
+        mat.RowsToFloat(0, n, stored.data());
+        const Reference ref = Exact(stored, RoundedActivations(x, m, k), m, n, k);
+        for (int threads : {1, 2}) {
+          std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
+          mat.MatMul(x.data(), y.data(), m, threads);
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
+                << "m " << m << " n " << n << " k " << k << " threads " << threads << " at " << i;
+          }
         }
-        const int64_t at = int64_t{i} * n + r;
-        const double err = std::abs(y[at] - ref.y[at]);
-        EXPECT_LE(err, bound + 2 * ref.bound[at]) << "m " << m << " row " << r;
-        worst = std::max(worst, err / std::max(1e-30, bound));
       }
     }
-    // Rounding errors of independent weights cancel: far below the bound.
-    EXPECT_LT(worst, 0.5) << "m " << m;
+  }
+}
+
+// Matrices of more than 1 MiB (the huge-page mapping) through the WorkPool
+// GEMV, whose chunks end inside the last row group, and without a pool.
+TEST(WeightMatrixTest, LargeMatricesOnAWorkPoolMatchTheirValues) {
+  WorkPool pool(3);
+  const int n = 1500, k = 777;  // fp32 4.7 MB, bf16 2.3 MB, int8 1.3 MB
+  const std::vector<float> w = Normal(int64_t{n} * k, 500);
+  const std::vector<float> x = Normal(k, 501);
+  for (WeightDtype dtype :
+       {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8, WeightDtype::kW8A8}) {
+    const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, dtype);
+    std::vector<float> stored(w.size());
+    mat.RowsToFloat(0, n, stored.data());
+    const Reference ref = dtype == WeightDtype::kW8A8
+                              ? Exact(stored, RoundedActivations(x, 1, k), 1, n, k)
+                              : Exact(stored, x, 1, n, k);
+    for (WorkPool* p : {&pool, static_cast<WorkPool*>(nullptr)}) {
+      std::vector<float> y(static_cast<size_t>(n), std::nanf(""));
+      mat.MatMul(x.data(), y.data(), 1, 2, p);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
+            << WeightDtypeName(dtype) << (p ? " pool" : " no pool") << " row " << r;
+      }
+    }
   }
 }
 
@@ -247,8 +401,8 @@ TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
     return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
                                       v.size() * sizeof(v[0]));
   };
-  for (WeightDtype dtype :
-       {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
+  for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
+                            WeightDtype::kInt8, WeightDtype::kW8A8}) {
     const WeightMatrix want = WeightMatrix::FromF32(values, rows, cols, dtype);
     std::vector<float> want_rows(values.size()), got_rows(values.size());
     want.RowsToFloat(0, rows, want_rows.data());
@@ -275,7 +429,7 @@ TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
 
 TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
-                            WeightDtype::kInt8}) {
+                            WeightDtype::kInt8, WeightDtype::kW8A8}) {
     absl::StatusOr<WeightDtype> parsed = ParseWeightDtype(WeightDtypeName(dtype));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, dtype);
@@ -288,7 +442,7 @@ TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   WeightDtype flag = WeightDtype::kF32;
   std::string error;
   EXPECT_FALSE(AbslParseFlag("int4", &flag, &error));
-  EXPECT_NE(error.find("auto, f32, bf16, int8"), std::string::npos) << error;
+  EXPECT_NE(error.find("auto, f32, bf16, int8, w8a8"), std::string::npos) << error;
   EXPECT_EQ(flag, WeightDtype::kF32);
 }
 

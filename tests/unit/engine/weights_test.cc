@@ -434,6 +434,9 @@ TEST(RunnerFactoryTest, LossyWeightStorageChangesTheFingerprint) {
   EXPECT_NE(fingerprint(WeightDtype::kBf16), (*source)->fingerprint());  // rounded
   EXPECT_NE(fingerprint(WeightDtype::kInt8), (*source)->fingerprint());
   EXPECT_NE(fingerprint(WeightDtype::kInt8), fingerprint(WeightDtype::kBf16));
+  // w8a8 stores int8's numbers but rounds activations: different KV again.
+  EXPECT_NE(fingerprint(WeightDtype::kW8A8), fingerprint(WeightDtype::kInt8));
+  EXPECT_NE(fingerprint(WeightDtype::kW8A8), (*source)->fingerprint());
   // A bf16 checkpoint kept in bf16 is its own numbers.
   ro.model_dir = WriteTinyModel(TinyGqaConfig(), 4, "bf16", "factory_fp_bf16");
   EXPECT_EQ(fingerprint(WeightDtype::kBf16), fingerprint(WeightDtype::kAuto));

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
 #include "engine/cuda/cuda_status.h"
 #include "kvtransfer/device/kv_copy.cuh"
@@ -231,6 +232,7 @@ void DeviceKvReceiver::FailPair(const std::shared_ptr<ReceiverPair>& pair,
 }
 
 grpc::Status DeviceKvReceiver::Pair(grpc::ServerContext* context, PairStream* stream) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   KvPairRequest first;
   if (!stream->Read(&first) || !first.has_hello()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a kv pair starts with Hello");

@@ -377,7 +377,10 @@ void DeviceKvReceiver::OnBegin(const std::shared_ptr<ReceiverPair>& pair,
   {
     absl::MutexLock l(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) {
+    if (absl::Status auth = CheckPeerCredential(header); !auth.ok()) {
+      // Before the id: an unauthenticated peer cannot fail a real transfer.
+      refusal = auth;
+    } else if (it == transfers_.end()) {
       refusal =
           absl::NotFoundError(absl::StrCat("unknown transfer id ", id, " at kv receiver ",
                                            endpoint_, " (not expected, expired or cancelled)"));

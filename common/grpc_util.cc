@@ -1,13 +1,54 @@
 #include "common/grpc_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace pdserve {
+namespace {
 
-absl::StatusOr<GrpcServerHandle> StartGrpcServer(const std::string& host, int port,
-                                                 const std::vector<grpc::Service*>& services) {
+// Adds the cluster credential to the initial metadata of every call.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;  // owned by the factory, which the channel keeps
+};
+
+class BearerInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
+  args.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
+  return args;
+}
+
+}  // namespace
+
+absl::StatusOr<GrpcServerHandle> StartGrpcServer(
+    const std::string& host, int port, const std::vector<grpc::Service*>& services,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   static const bool kInitOnce = [] {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -17,8 +58,8 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(const std::string& host, int po
 
   GrpcServerHandle handle;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(JoinHostPort(host, port), grpc::InsecureServerCredentials(),
-                           &handle.port);
+  if (credentials == nullptr) credentials = grpc::InsecureServerCredentials();
+  builder.AddListeningPort(JoinHostPort(host, port), credentials, &handle.port);
   // No SO_REUSEPORT: a second server on a busy port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
@@ -28,6 +69,8 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(const std::string& host, int po
   if (handle.server == nullptr || handle.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot start gRPC server on ", JoinHostPort(host, port)));
   }
+  grpc::HealthCheckServiceInterface* health = handle.server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(kLivenessService, true);
   SetServing(*handle.server, true);
   return handle;
 }
@@ -35,6 +78,11 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(const std::string& host, int po
 void SetServing(grpc::Server& server, bool serving) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(serving);
+}
+
+void SetReady(grpc::Server& server, bool ready) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus("", ready);
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -55,10 +103,17 @@ std::string JoinHostPort(const std::string& host, int port) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
-  args.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  const std::string& token = ClusterToken();
+  if (token.empty()) return MakeClientChannel(address, grpc::InsecureChannelCredentials());
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, grpc::InsecureChannelCredentials(), ChannelArgs(), std::move(interceptors));
+}
+
+std::shared_ptr<grpc::Channel> MakeClientChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return grpc::CreateCustomChannel(address, std::move(credentials), ChannelArgs());
 }
 
 }  // namespace pdserve

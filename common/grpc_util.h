@@ -23,12 +23,23 @@ struct GrpcServerHandle {
 
 // Builds and starts a server on host:port with `services` registered, the
 // default health service (SERVING) and server reflection. UNAVAILABLE if the
-// port cannot be bound.
-absl::StatusOr<GrpcServerHandle> StartGrpcServer(const std::string& host, int port,
-                                                 const std::vector<grpc::Service*>& services);
+// port cannot be bound. `credentials`: the port's transport security (null:
+// plaintext). Internal services check the caller themselves
+// (CheckClusterCredential, common/auth.h), so health stays open to probes.
+absl::StatusOr<GrpcServerHandle> StartGrpcServer(
+    const std::string& host, int port, const std::vector<grpc::Service*>& services,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
-// Sets the overall and per-service health to SERVING or NOT_SERVING.
+// A health service name that is SERVING from start until SetServing(false)
+// (drain): liveness and startup probes ask for it, so a worker that is alive
+// but not registered (router down, wrong token) is not restarted.
+inline constexpr char kLivenessService[] = "pdserve.liveness";
+
+// Sets the overall and per-service health (kLivenessService included) to
+// SERVING or NOT_SERVING.
 void SetServing(grpc::Server& server, bool serving);
+// Sets only the overall health (service ""), which readiness probes ask for.
+void SetReady(grpc::Server& server, bool ready);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -36,7 +47,14 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // "host:port" with IPv6 literals bracketed.
 std::string JoinHostPort(const std::string& host, int port);
 
-// A channel with pdserve's message limits.
+// A plaintext channel with pdserve's message limits. When the process has a
+// cluster token (common/auth.h), every call on it carries
+// "authorization: Bearer <token>".
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// A channel like MakeChannel's with `credentials` (e.g. TLS to a client port)
+// and no cluster token: for clients of the public API.
+std::shared_ptr<grpc::Channel> MakeClientChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials);
 
 }  // namespace pdserve

@@ -14,10 +14,11 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
 }  // namespace
 
 WorkerRegistrar::WorkerRegistrar(std::string router_address, internal::v1::WorkerInfo info,
-                                 LoadFn load)
+                                 LoadFn load, RegisteredFn on_registered)
     : router_address_(std::move(router_address)),
       info_(std::move(info)),
       load_(std::move(load)),
+      on_registered_(std::move(on_registered)),
       stub_(internal::v1::Registry::NewStub(MakeChannel(router_address_))) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -49,6 +50,7 @@ void WorkerRegistrar::Poke() {
 void WorkerRegistrar::Run() {
   absl::Duration interval = absl::Seconds(1);
   bool registered = false;
+  bool was_registered = false;
   bool logged_failure = false;
   while (true) {
     if (!registered) {
@@ -85,6 +87,8 @@ void WorkerRegistrar::Run() {
         PDSERVE_LOG(WARNING) << "heartbeat to " << router_address_ << " failed: " << status.error_message();
       }
     }
+    if (on_registered_ && registered != was_registered) on_registered_(registered);
+    was_registered = registered;
     absl::MutexLock lock(&mu_);
     registered_ = registered;
     auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || poke_; };

@@ -19,9 +19,14 @@ namespace pdserve {
 class WorkerRegistrar {
  public:
   using LoadFn = std::function<internal::v1::WorkerLoad()>;
+  // Told whether the worker is registered, from the registrar thread, each
+  // time that changes (e.g. to set the gRPC health status: a worker the
+  // router refuses, wrong cluster token or router down, reports NOT_SERVING).
+  using RegisteredFn = std::function<void(bool registered)>;
 
   // `load` is called from the registrar thread and must be thread-safe.
-  WorkerRegistrar(std::string router_address, internal::v1::WorkerInfo info, LoadFn load);
+  WorkerRegistrar(std::string router_address, internal::v1::WorkerInfo info, LoadFn load,
+                  RegisteredFn on_registered = nullptr);
   ~WorkerRegistrar();
 
   bool registered() const;
@@ -34,6 +39,7 @@ class WorkerRegistrar {
   const std::string router_address_;
   const internal::v1::WorkerInfo info_;
   const LoadFn load_;
+  const RegisteredFn on_registered_;
   std::unique_ptr<internal::v1::Registry::Stub> stub_;
 
   mutable absl::Mutex mu_;

@@ -1,5 +1,6 @@
 #include "decode_worker/decode_service.h"
 
+#include "common/auth.h"
 #include "common/grpc_util.h"
 #include "frontend/sampling_wire.h"
 
@@ -8,6 +9,7 @@ namespace pdserve::decode {
 grpc::Status DecodeService::Decode(grpc::ServerContext* context,
                                    const internal::v1::DecodeJob* job,
                                    grpc::ServerWriter<internal::v1::DecodeEvent>* writer) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
   DecodeRequest request{.request_id = job->request_id(),
                         .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},

@@ -1,6 +1,7 @@
 // The transfer handshake; see handshake.h.
 #include "kvtransfer/handshake.h"
 
+#include "common/auth.h"
 #include "kvtransfer/tcp/wire.h"
 
 namespace pdserve::kvtransfer {
@@ -15,6 +16,7 @@ internal::v1::KvTransferHeader MakeHeader(TransferId id, const TransferSpec& spe
   h.set_head_dim(spec.head_dim);
   h.set_num_tokens(spec.num_tokens);
   h.set_layout(spec.layout);
+  h.set_cluster_credential(KvHandshakeDigest());
   return h;
 }
 
@@ -37,6 +39,10 @@ absl::Status CheckHeader(const internal::v1::KvTransferHeader& header,
   announced.dtype = tcp::SanitizeUtf8(announced.dtype, 64);
   announced.layout = tcp::SanitizeUtf8(announced.layout, 64);
   return announced.CheckMatches(expected);
+}
+
+absl::Status CheckPeerCredential(const internal::v1::KvTransferHeader& header) {
+  return CheckKvHandshakeDigest(header.cluster_credential());
 }
 
 }  // namespace pdserve::kvtransfer

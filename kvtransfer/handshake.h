@@ -17,5 +17,9 @@ TransferSpec SpecFromHeader(const internal::v1::KvTransferHeader& header, int by
 // spec differs from `expected` (peer text sanitised for messages).
 absl::Status CheckHeader(const internal::v1::KvTransferHeader& header,
                          const TransferSpec& expected);
+// OK when the header carries the process's cluster credential (or the process
+// has none); UNAUTHENTICATED otherwise. Checked before anything else, so an
+// unauthenticated peer cannot fail or claim a real transfer.
+absl::Status CheckPeerCredential(const internal::v1::KvTransferHeader& header);
 
 }  // namespace pdserve::kvtransfer

@@ -1,7 +1,7 @@
 // pdserve_prefill_worker: runs prompts, sends their KV to decode workers and
 // returns each request's first token.
 //
-//   pdserve_prefill_worker --model_dir=DIR --router=HOST:PORT [--port=0]
+//   pdserve_prefill_worker --model_dir=DIR --router=HOST:INTERNAL_PORT [--port=0]
 //
 // Flags are read here only and turned into options once.
 #include <unistd.h>
@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -39,7 +40,8 @@ ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
           "nccl: a transfer that makes no progress this long fails its pair of workers (the "
           "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(std::string, router, "",
-          "Router address (host:port) to register with; empty: do not register");
+          "The router's internal address (host:internal_port) to register with; empty: do not "
+          "register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default prefill-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
@@ -75,6 +77,10 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
+  if (absl::Status s = InitClusterAuthFromFlags(host); !s.ok()) {
+    PDSERVE_LOG(ERROR) << s;
+    return 2;
+  }
   // Before the model loads: the measurement's buffers are freed by then.
   const engine::ResolvedPeak peak = engine::ResolvePeak(
       engine::PeakKind::kFlops, absl::GetFlag(FLAGS_peak_flops), "peak_flops",
@@ -137,6 +143,11 @@ int Main() {
 
   std::unique_ptr<WorkerRegistrar> registrar;
   if (!absl::GetFlag(FLAGS_router).empty()) {
+    // Not serving until the router has accepted us (wrong token, router down).
+    SetReady(*grpc_server->server, false);
+    auto on_registered = [&service, server = grpc_server->server.get()](bool registered) {
+      if (!service.draining()) SetReady(*server, registered);
+    };
     internal::v1::WorkerInfo info;
     info.set_worker_id(worker_id);
     info.set_role(internal::v1::WORKER_ROLE_PREFILL);
@@ -154,7 +165,7 @@ int Main() {
                                                     load.cached_block_hashes.end());
           out.set_draining(service.draining());
           return out;
-        });
+        }, on_registered);
   }
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());

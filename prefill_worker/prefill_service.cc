@@ -1,6 +1,7 @@
 #include "prefill_worker/prefill_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/grpc_util.h"
 #include "frontend/sampling_wire.h"
 
@@ -9,6 +10,7 @@ namespace pdserve::prefill {
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const internal::v1::PrefillJob* job,
                                      internal::v1::PrefillResult* result) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining");
   if (job->prompt_token_ids_size() == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids is empty");

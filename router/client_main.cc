@@ -4,6 +4,7 @@
 //
 //   pdserve_client --router=127.0.0.1:50051 --prompt="Hello" --max_tokens=32
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <vector>
 
@@ -16,7 +17,9 @@
 #include "common/grpc_util.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 
-ABSL_FLAG(std::string, router, "127.0.0.1:50051", "Router address");
+ABSL_FLAG(std::string, router, "127.0.0.1:50051", "Router address (its client port)");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificates to verify the router's TLS certificate (empty: plaintext)");
 ABSL_FLAG(std::string, prompt, "", "Prompt text");
 ABSL_FLAG(std::string, token_ids, "", "Prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(std::string, chat, "",
@@ -80,7 +83,19 @@ int main(int argc, char** argv) {
   s->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
   if (absl::GetFlag(FLAGS_seed) >= 0) s->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
 
-  auto stub = pdserve::v1::Generation::NewStub(pdserve::MakeChannel(absl::GetFlag(FLAGS_router)));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_tls_ca_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_tls_ca_file));
+    if (!in) {
+      std::cerr << "cannot read " << absl::GetFlag(FLAGS_tls_ca_file) << "\n";
+      return 2;
+    }
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+    credentials = grpc::SslCredentials(tls);
+  }
+  auto stub = pdserve::v1::Generation::NewStub(
+      pdserve::MakeClientChannel(absl::GetFlag(FLAGS_router), credentials));
   grpc::ClientContext ctx;
   ctx.set_deadline(
       absl::ToChronoTime(absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))));

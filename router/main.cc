@@ -2,7 +2,12 @@
 // OpenAI-compatible HTTP, both over the front end's request sessions), the
 // worker registry and the orchestration of prefill and decode workers.
 //
-//   pdserve_router --model_dir=DIR [--port=0] [--http_port=0] [--metrics_port=0]
+//   pdserve_router --model_dir=DIR [--port=0] [--internal_port=0] [--http_port=0]
+//                  [--metrics_port=0] [--cluster_token_file=F] [--tls_cert_file=C --tls_key_file=K]
+//
+// Clients use --port (Generation, health, reflection; TLS when a certificate
+// is given) and --http_port; workers register on --internal_port, where every
+// call must carry the cluster token when one is configured (common/auth.h).
 //
 // Flags are read here only and turned into options once.
 #include <unistd.h>
@@ -12,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -31,7 +37,14 @@ ABSL_FLAG(std::string, model_dir, "",
           "Model directory; the router reads config.json and generation_config.json (vocabulary, "
           "context, BOS/EOS), the tokenizer files and the chat template");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
-ABSL_FLAG(int, port, 0, "gRPC port for clients and worker registration (0: any free port)");
+ABSL_FLAG(int, port, 0, "gRPC port for clients (0: any free port)");
+ABSL_FLAG(int, internal_port, 0,
+          "gRPC port for worker registration, authenticated by the cluster token (0: any free "
+          "port)");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain for TLS on the client gRPC port (with --tls_key_file); empty: "
+          "plaintext");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
 ABSL_FLAG(std::string, model_name, "",
           "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
@@ -78,6 +91,16 @@ int Main() {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
+  if (absl::Status s = InitClusterAuthFromFlags(host); !s.ok()) {
+    PDSERVE_LOG(ERROR) << s;
+    return 2;
+  }
+  auto client_credentials =
+      ServerTlsCredentials(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file));
+  if (!client_credentials.ok()) {
+    PDSERVE_LOG(ERROR) << client_credentials.status();
+    return 2;
+  }
 
   auto registry = std::make_shared<prometheus::Registry>();
   frontend::ClientMetrics client_metrics(*registry);
@@ -105,9 +128,15 @@ int Main() {
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService generation(&sessions);
   auto grpc_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation, &registry_service});
+      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation}, *client_credentials);
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
+    return 1;
+  }
+  auto internal_server =
+      StartGrpcServer(host, absl::GetFlag(FLAGS_internal_port), {&registry_service});
+  if (!internal_server.ok()) {
+    PDSERVE_LOG(ERROR) << internal_server.status();
     return 1;
   }
   const std::string address = JoinHostPort(host, grpc_server->port);
@@ -133,11 +162,12 @@ int Main() {
 
   const int http_port = *http_server ? (*http_server)->port() : -1;
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
-                {{"http_port", absl::StrCat(http_port)}});
+                {{"http_port", absl::StrCat(http_port)},
+                 {"internal_port", absl::StrCat(internal_server->port)}});
   PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
-                    << ", HTTP on port " << http_port << ", metrics on port "
-                    << (*metrics_server)->port() << ", model " << model_dir << " ("
-                    << prompt_source->config.architecture << ", context "
+                    << ", internal on port " << internal_server->port << ", HTTP on port "
+                    << http_port << ", metrics on port " << (*metrics_server)->port() << ", model "
+                    << model_dir << " (" << prompt_source->config.architecture << ", context "
                     << prompt_source->config.max_position_embeddings << ", text "
                     << (prompt_source->text_unavailable.empty() ? "served" : "unavailable") << ")";
 
@@ -149,6 +179,7 @@ int Main() {
                 [&] { return sessions.in_flight() == 0; });
   http_server->reset();  // ends what is left of its requests
   grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  internal_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   stop.store(true);
   pool_watch.join();
   PDSERVE_LOG(INFO) << "router stopped";

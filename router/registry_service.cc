@@ -1,5 +1,6 @@
 #include "router/registry_service.h"
 
+#include "common/auth.h"
 #include "common/grpc_util.h"
 
 namespace pdserve::router {
@@ -16,8 +17,9 @@ LoadReport FromProto(const internal::v1::WorkerLoad& l) {
 }
 }  // namespace
 
-grpc::Status RegistryService::Register(grpc::ServerContext*, const internal::v1::RegisterRequest* request,
+grpc::Status RegistryService::Register(grpc::ServerContext* context, const internal::v1::RegisterRequest* request,
                                        internal::v1::RegisterResponse* response) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   const internal::v1::WorkerInfo& w = request->worker();
   WorkerDesc desc;
   switch (w.role()) {
@@ -39,14 +41,16 @@ grpc::Status RegistryService::Register(grpc::ServerContext*, const internal::v1:
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const internal::v1::HeartbeatRequest* request,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context, const internal::v1::HeartbeatRequest* request,
                                         internal::v1::HeartbeatResponse* response) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   response->set_known(registry_->Heartbeat(request->worker_id(), FromProto(request->load()), absl::Now()));
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Deregister(grpc::ServerContext*, const internal::v1::DeregisterRequest* request,
+grpc::Status RegistryService::Deregister(grpc::ServerContext* context, const internal::v1::DeregisterRequest* request,
                                          internal::v1::DeregisterResponse*) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   registry_->Deregister(request->worker_id());
   return grpc::Status::OK;
 }

@@ -15,7 +15,7 @@ FROM debian:12 AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config git ca-certificates \
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev \
       libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev \
       libopenblas-dev libpcre2-dev libicu-dev \
  && rm -rf /var/lib/apt/lists/*

@@ -33,7 +33,7 @@ RUN cuda=$(echo "$CUDA_VERSION" | tr . -) \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config git \
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev \
       libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev \
       libopenblas-dev libpcre2-dev libicu-dev \
       cuda-minimal-build-$cuda cuda-cudart-dev-$cuda libcublas-dev-$cuda libnccl-dev \

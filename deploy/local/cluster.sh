@@ -3,10 +3,13 @@
 # M decode workers, every port picked by the kernel. Prints the router address
 # and writes the pids it started to $WORK/pids; `cluster.sh stop WORK` ends
 # exactly those processes. The pools scale and drain while the cluster runs,
-# and a local Prometheus can watch it (deploy/prometheus).
+# and a local Prometheus can watch it (deploy/prometheus). Workers register on
+# the router's internal port with a cluster token (WORK/cluster_token, mode
+# 600, a fresh random one unless --token_file names one; --no_token: none).
 #
 #   deploy/local/cluster.sh start --model DIR [--prefill N] [--decode M] [--work DIR] [--bin DIR] [--threads T]
 #       [--router_flags "..."] [--prefill_flags "..."] [--decode_flags "..."]   # extra flags, also for add-*
+#       [--token_file F | --no_token]   # cluster token: default a new random one in WORK/cluster_token
 #   deploy/local/cluster.sh add-prefill WORK     # one more prefill worker; registers with the router
 #   deploy/local/cluster.sh add-decode WORK      # one more decode worker
 #   deploy/local/cluster.sh drain WORK PID       # SIGTERM one process of WORK, wait until it has drained
@@ -103,7 +106,8 @@ start_worker() {  # work role(prefill|decode)
   if [ "$role" = prefill ]; then bin_name=prefill_worker/pdserve_prefill_worker; extra=${PREFILL_FLAGS:-}
   else bin_name=decode_worker/pdserve_decode_worker; extra=${DECODE_FLAGS:-}; fi
   # shellcheck disable=SC2086  # extra flags split on spaces
-  "$BIN/$bin_name" --model_dir="$MODEL" --router="$ROUTER" --threads="$THREADS" $extra \
+  "$BIN/$bin_name" --model_dir="$MODEL" --router="$ROUTER" --threads="$THREADS" \
+    --cluster_token_file="$TOKEN_FILE" $extra \
     --ready_file="$work/$role$i.ready" > "$work/$role$i.log" 2>&1 &
   pid=$!
   echo $pid >> "$work/pids"
@@ -188,7 +192,7 @@ case "$cmd" in
 esac
 
 model="" ; n_prefill=1 ; n_decode=1 ; work="" ; bin="$root/build" ; threads=""
-router_flags="" ; prefill_flags="" ; decode_flags=""
+router_flags="" ; prefill_flags="" ; decode_flags="" ; token_file="" ; no_token=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;;
@@ -200,6 +204,8 @@ while [ $# -gt 0 ]; do
     --router_flags) router_flags=$2; shift 2 ;;
     --prefill_flags) prefill_flags=$2; shift 2 ;;
     --decode_flags) decode_flags=$2; shift 2 ;;
+    --token_file) token_file=$2; shift 2 ;;
+    --no_token) no_token=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -208,21 +214,30 @@ done
 mkdir -p "$work"
 rm -f "$work"/*.ready
 : > "$work/pids"
+if [ $no_token -eq 0 ] && [ -z "$token_file" ]; then
+  token_file="$work/cluster_token"
+  (umask 077; od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$token_file")
+fi
+[ -z "$token_file" ] || token_file=$(cd "$(dirname "$token_file")" && pwd)/$(basename "$token_file")
 
 # shellcheck disable=SC2086  # extra flags split on spaces
-"$bin/router/pdserve_router" --model_dir="$model" --ready_file="$work/router.ready" $router_flags \
+"$bin/router/pdserve_router" --model_dir="$model" --ready_file="$work/router.ready" \
+  --cluster_token_file="$token_file" $router_flags \
   > "$work/router.log" 2>&1 &
 echo $! >> "$work/pids"
 wait_ready "$work/router.ready" $! router || { stop_cluster "$work"; exit 1; }
 router=$(json_field "$work/router.ready" grpc_address)
+# Workers register on the router's internal port.
+internal="${router%:*}:$(json_field "$work/router.ready" internal_port)"
 
 if [ -z "$threads" ]; then
   threads=$(( $(nproc) / (n_prefill + n_decode) ))
   [ "$threads" -ge 1 ] || threads=1
 fi
 # What add-prefill / add-decode need later.
-printf 'MODEL=%q\nBIN=%q\nROUTER=%q\nTHREADS=%q\nPREFILL_FLAGS=%q\nDECODE_FLAGS=%q\n' \
-  "$model" "$bin" "$router" "$threads" "$prefill_flags" "$decode_flags" > "$work/cluster.env"
+printf 'MODEL=%q\nBIN=%q\nROUTER=%q\nTHREADS=%q\nPREFILL_FLAGS=%q\nDECODE_FLAGS=%q\nTOKEN_FILE=%q\n' \
+  "$model" "$bin" "$internal" "$threads" "$prefill_flags" "$decode_flags" "$token_file" \
+  > "$work/cluster.env"
 for _ in $(seq 1 "$n_prefill"); do
   start_worker "$work" prefill > /dev/null || { stop_cluster "$work"; exit 1; }
 done
@@ -233,4 +248,4 @@ done
 # Wait until the router lists every worker.
 wait_pools "$work" "$n_prefill" "$n_decode" || true
 metrics=$(json_field "$work/router.ready" metrics_port)
-echo "router=$router metrics_port=$metrics work=$work"
+echo "router=$router internal=$internal metrics_port=$metrics work=$work"

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy python3-jinja2

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
 #include "engine/cuda/cuda_status.h"
 #include "kvtransfer/device/kv_copy.cuh"
@@ -231,6 +232,7 @@ void DeviceKvReceiver::FailPair(const std::shared_ptr<ReceiverPair>& pair,
 }
 
 grpc::Status DeviceKvReceiver::Pair(grpc::ServerContext* context, PairStream* stream) {
+  if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   KvPairRequest first;
   if (!stream->Read(&first) || !first.has_hello()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a kv pair starts with Hello");
@@ -375,7 +377,10 @@ void DeviceKvReceiver::OnBegin(const std::shared_ptr<ReceiverPair>& pair,
   {
     absl::MutexLock l(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) {
+    if (absl::Status auth = CheckPeerCredential(header); !auth.ok()) {
+      // Before the id: an unauthenticated peer cannot fail a real transfer.
+      refusal = auth;
+    } else if (it == transfers_.end()) {
       refusal =
           absl::NotFoundError(absl::StrCat("unknown transfer id ", id, " at kv receiver ",
                                            endpoint_, " (not expected, expired or cancelled)"));

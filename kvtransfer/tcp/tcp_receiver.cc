@@ -397,6 +397,9 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
   if (!header.ParseFromString(*payload)) {
     return absl::InvalidArgumentError(from + ": malformed HEADER frame");
   }
+  if (absl::Status s = CheckPeerCredential(header); !s.ok()) {
+    return tcp::WithContext(s, from);
+  }
   const TransferId id = header.transfer_id();
   std::shared_ptr<Transfer> t;
   absl::Status refusal;

@@ -13,7 +13,9 @@
 //     request (0, all cores of the node, would not match any limit);
 //   - Services, PodDisruptionBudgets, ServiceMonitors and ScaledObjects
 //     select or target objects that exist; workers' ROUTER_ADDRESS names the
-//     router Service and its gRPC port;
+//     router Service and its internal port (worker registration);
+//   - every pdserve container mounts the cluster-token Secret and passes
+//     --cluster_token_file from it;
 //   - KEDA fails safe: every Prometheus trigger treats an empty answer as an
 //     error (ignoreNullValues "false", KEDA's default being "true") and every
 //     ScaledObject has a fallback; prefill scales on queued tokens;
@@ -273,8 +275,24 @@ for (const cm of byKind("ConfigMap")) {
   if (address === undefined) continue;
   const [host, port] = address.split(":");
   const svc = services.find((s) => s.metadata.name === host.split(".")[0]);
-  if (!svc || !svc.spec.ports.some((p) => String(p.port) === port && p.name === "grpc")) {
-    fail(`ConfigMap/${cm.metadata.name}`, `ROUTER_ADDRESS ${address} is not the router Service's gRPC port`);
+  if (!svc || !svc.spec.ports.some((p) => String(p.port) === port && p.name === "internal")) {
+    fail(`ConfigMap/${cm.metadata.name}`, `ROUTER_ADDRESS ${address} is not the router Service's internal port`);
+  }
+}
+
+for (const d of byKind("Deployment")) {
+  const pod = d.spec.template.spec;
+  const volume = (pod.volumes ?? []).find((v) => v.secret?.secretName === "pdserve-cluster-token");
+  if (!byKind("Secret").some((s) => s.metadata.name === "pdserve-cluster-token")) {
+    fail(`Deployment/${d.metadata.name}`, "no Secret pdserve-cluster-token");
+  }
+  for (const c of pod.containers) {
+    const where = `Deployment/${d.metadata.name} container ${c.name}`;
+    const mount = volume && (c.volumeMounts ?? []).find((m) => m.name === volume.name);
+    const flag = (c.args ?? []).find((a) => a.startsWith("--cluster_token_file="));
+    if (!mount || !flag || !flag.slice("--cluster_token_file=".length).startsWith(mount.mountPath + "/")) {
+      fail(where, "does not read --cluster_token_file from the mounted pdserve-cluster-token Secret");
+    }
   }
 }
 

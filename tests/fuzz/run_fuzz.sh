@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds the fuzzers (tests/fuzz/*_fuzz.cc: the safetensors header reader,
-# and GenerateRequest bytes through the front end's decoding, validation and
-# prompt building) with clang, libFuzzer, ASan and UBSan in their own build
+# GenerateRequest bytes through the front end's decoding, validation and
+# prompt building, the tokenizer.json loader, and the chat template parser
+# and renderer) with clang, libFuzzer, ASan and UBSan in their own build
 # directory, writes small seed corpora and dictionaries, and runs each fuzzer
 # for a bounded time. Every library of that build is instrumented
 # (-fsanitize=fuzzer-no-link, address, undefined).
 #
 #   tests/fuzz/run_fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz] [FUZZER=all]
 #
-# FUZZER: safetensors_fuzz, generate_request_fuzz, or all (each runs SECONDS).
+# FUZZER: safetensors_fuzz, generate_request_fuzz, tokenizer_json_fuzz,
+# chat_template_fuzz, or all (each runs SECONDS).
 #
 # Needs clang and libFuzzer's runtime; the newest clang with a runtime is
 # used (CLANG=clang++-NN picks one). On Debian 12:
@@ -49,8 +51,9 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS="$instrument" -DCMAKE_CXX_FLAGS="$instrument" \
   -DPDSERVE_FUZZ=ON -DPDSERVE_BUILD_BENCH=OFF >/dev/null
 case "$which" in
-  all) targets=(safetensors_fuzz generate_request_fuzz) ;;
-  safetensors_fuzz | generate_request_fuzz) targets=("$which") ;;
+  all) targets=(safetensors_fuzz generate_request_fuzz tokenizer_json_fuzz chat_template_fuzz) ;;
+  safetensors_fuzz | generate_request_fuzz | tokenizer_json_fuzz | chat_template_fuzz)
+    targets=("$which") ;;
   *) echo "run_fuzz.sh: unknown fuzzer $which" >&2; exit 2 ;;
 esac
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
@@ -171,10 +174,153 @@ cat > "$build/fuzz_corpus/generate_request.dict" <<'DICT'
 DICT
 }
 
+# Seeds: small byte-level BPE tokenizer.json files (with added special
+# tokens, a normalizer, a Metaspace variant, merges as strings and as pairs)
+# and the demo model's own tokenizer.json.
+seed_tokenizer_json() {
+corpus="$build/fuzz_corpus/tokenizer_json"
+mkdir -p "$corpus"
+cp "$root/tools/demo_model/tokenizer.json" "$corpus/demo_model"
+python3 - "$corpus" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def byte_chars():
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return [chr(c) for c in cs]
+chars = byte_chars()
+vocab = {c: i for i, c in enumerate(chars)}
+for pair in ["He", "ll", "llo", "\u0120w"]:
+    vocab.setdefault(pair, len(vocab))
+merges = ["H e", "l l", "ll o", "\u0120 w"]
+added = [{"id": len(vocab), "content": "<s>", "single_word": False, "lstrip": False,
+          "rstrip": False, "normalized": False, "special": True},
+         {"id": len(vocab) + 1, "content": "</s>", "single_word": False, "lstrip": False,
+          "rstrip": False, "normalized": False, "special": True}]
+def tok(**over):
+    t = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+         "normalizer": None,
+         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                           "use_regex": True},
+         "post_processor": None, "decoder": {"type": "ByteLevel"},
+         "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+                   "byte_fallback": False, "vocab": vocab, "merges": merges}}
+    t.update(over)
+    return t
+def write(name, obj):
+    with open(os.path.join(out, name), "w") as f:
+        json.dump(obj, f)
+write("byte_level", tok())
+write("pair_merges", tok(model=dict(tok()["model"], merges=[m.split(" ") for m in merges])))
+write("nfc_sequence", tok(normalizer={"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+                          pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                              {"type": "Split", "pattern": {"Regex": "\\s+"},
+                               "behavior": "Isolated", "invert": False},
+                              {"type": "ByteLevel", "add_prefix_space": False,
+                               "trim_offsets": True, "use_regex": False}]}))
+write("metaspace", tok(pre_tokenizer={"type": "Metaspace", "replacement": "\u2581",
+                                      "prepend_scheme": "first", "split": False},
+                       decoder={"type": "Metaspace", "replacement": "\u2581",
+                                "prepend_scheme": "first", "split": False}))
+write("template_post", tok(post_processor={"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [added[0]["id"]], "tokens": ["<s>"]}}}))
+with open(os.path.join(out, "truncated"), "w") as f:
+    f.write(json.dumps(tok())[:300])
+PY
+cat > "$build/fuzz_corpus/tokenizer_json.dict" <<'DICT'
+"\"type\""
+"\"BPE\""
+"\"ByteLevel\""
+"\"Metaspace\""
+"\"Sequence\""
+"\"Split\""
+"\"Regex\""
+"\"NFC\""
+"\"TemplateProcessing\""
+"\"added_tokens\""
+"\"merges\""
+"\"vocab\""
+"\"special\""
+"\"byte_fallback\""
+"\"unk_token\""
+DICT
+}
+
+# Seeds: the demo model's chat template and small templates using the
+# subset's statements, filters, tests, macros and namespaces.
+seed_chat_template() {
+corpus="$build/fuzz_corpus/chat_template"
+mkdir -p "$corpus"
+python3 - "$corpus" "$root/tools/demo_model/tokenizer_config.json" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def write(name, text):
+    with open(os.path.join(out, name), "w") as f:
+        f.write(text)
+template = json.load(open(sys.argv[2])).get("chat_template")
+if isinstance(template, str):
+    write("demo_model", template)
+write("chatml", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}"
+      "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+write("llama3", "{{ bos_token }}{% for message in messages %}{% set content = '<|start_header_id|>' "
+      "+ message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}"
+      "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+      "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+write("namespace_loop", "{% set ns = namespace(n=0, sys='') %}{% for m in messages %}"
+      "{% if m.role == 'system' %}{% set ns.sys = m.content %}{% else %}{% set ns.n = ns.n + 1 %}"
+      "{% endif %}{% if loop.last and not loop.first %}{{ loop.index0 }}{% endif %}{% endfor %}"
+      "[{{ ns.sys | length }}:{{ ns.n }}]{{ messages | map(attribute='role') | join(',') }}")
+write("macro_raise", "{% macro turn(r, c) -%}<{{ r | upper }}>{{ c | replace('a', 'b') }}{%- endmacro %}"
+      "{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+      "{{ raise_exception('bad role') }}{% endif %}{{ turn(m.role, m.content) }}{% endfor %}"
+      "{{ eos_token if not add_generation_prompt else '' }}")
+write("slices_tests", "{{ messages[1:][::-1] | length }}{% if enable_thinking is defined and "
+      "enable_thinking is false %}{{ '<think></think>' }}{% endif %}{{ (messages | last).content[:3] }}"
+      "{{ messages[0]['content'].split(' ') | first }}{{ '%d' % 3 if true }}{{ {'a': 1}.items() | list }}")
+write("unclosed", "{% for m in messages %}{{ m.content")
+PY
+cat > "$build/fuzz_corpus/chat_template.dict" <<'DICT'
+"{%"
+"%}"
+"{{"
+"}}"
+"{#"
+"#}"
+"{%-"
+"-%}"
+"for"
+"endfor"
+"if"
+"elif"
+"else"
+"endif"
+"set"
+"macro"
+"endmacro"
+"namespace("
+"loop.index"
+"messages"
+"message['role']"
+"add_generation_prompt"
+"raise_exception("
+"| trim"
+"| length"
+"| tojson"
+"is defined"
+"not in"
+DICT
+}
+
 for t in "${targets[@]}"; do
   case "$t" in
     safetensors_fuzz) seed_safetensors && fuzz safetensors 4096 || status=$? ;;
     generate_request_fuzz) seed_generate_request && fuzz generate_request 8192 || status=$? ;;
+    tokenizer_json_fuzz) seed_tokenizer_json && fuzz tokenizer_json 131072 || status=$? ;;
+    chat_template_fuzz) seed_chat_template && fuzz chat_template 8192 || status=$? ;;
   esac
 done
 exit $status

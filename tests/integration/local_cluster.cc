@@ -19,12 +19,20 @@ absl::Status LocalCluster::StartProcess(Process& p, const std::string& name, std
   }
   auto fields = p.proc.WaitReady(ready, kStartTimeout);
   if (!fields.ok()) return absl::Status(fields.status().code(), absl::StrCat(name, ": ", fields.status().message()));
+  p.ready = *fields;
   p.grpc_address = (*fields)["grpc_address"];
   if (!absl::SimpleAtoi((*fields)["metrics_port"], &p.metrics_port)) {
     return absl::InternalError(absl::StrCat(name, ": bad ready file"));
   }
   if (fields->count("http_port") > 0 && !absl::SimpleAtoi((*fields)["http_port"], &p.http_port)) {
     return absl::InternalError(absl::StrCat(name, ": bad http_port in the ready file"));
+  }
+  if (fields->count("internal_port") > 0) {
+    int port = 0;
+    if (!absl::SimpleAtoi((*fields)["internal_port"], &port)) {
+      return absl::InternalError(absl::StrCat(name, ": bad internal_port in the ready file"));
+    }
+    p.internal_address = JoinHostPort("127.0.0.1", port);
   }
   return absl::OkStatus();
 }
@@ -47,7 +55,7 @@ absl::Status LocalCluster::Start() {
 absl::Status LocalCluster::AddPrefill(const std::vector<std::string>& extra_flags) {
   const Binaries& bin = options_.binaries;
   std::vector<std::string> argv = {bin.prefill, "--model_dir=" + options_.model_dir,
-                                   "--router=" + router_.grpc_address, "--threads=1"};
+                                   "--router=" + router_.internal_address, "--threads=1"};
   argv.insert(argv.end(), options_.prefill_flags.begin(), options_.prefill_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto p = std::make_unique<Process>();
@@ -59,7 +67,7 @@ absl::Status LocalCluster::AddPrefill(const std::vector<std::string>& extra_flag
 absl::Status LocalCluster::AddDecode(const std::vector<std::string>& extra_flags) {
   const Binaries& bin = options_.binaries;
   std::vector<std::string> argv = {bin.decode, "--model_dir=" + options_.model_dir,
-                                   "--router=" + router_.grpc_address, "--threads=1"};
+                                   "--router=" + router_.internal_address, "--threads=1"};
   argv.insert(argv.end(), options_.decode_flags.begin(), options_.decode_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto p = std::make_unique<Process>();

@@ -3,6 +3,7 @@
 // processes' ready files.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct Process {
   std::string grpc_address;
   int metrics_port = 0;
   int http_port = -1;  // the router's OpenAI-compatible HTTP port
+  std::string internal_address;  // the router's worker-registration address
+  std::map<std::string, std::string> ready;  // every field of the ready file
 };
 
 class LocalCluster {
@@ -53,6 +56,8 @@ class LocalCluster {
   absl::Status WaitForPools(int prefill, int decode, absl::Duration timeout);
 
   const std::string& router_address() const { return router_.grpc_address; }
+  // Where workers register (--router of the workers).
+  const std::string& router_internal_address() const { return router_.internal_address; }
   int router_metrics_port() const { return router_.metrics_port; }
   int router_http_port() const { return router_.http_port; }
   pid_t router_pid() const { return router_.proc.pid(); }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/handshake.h"
@@ -856,6 +857,49 @@ INSTANTIATE_TEST_SUITE_P(
                     },
                     absl::StatusCode::kAborted, "bad ?? bytes"}),
     [](const ::testing::TestParamInfo<GarbageCase>& info) { return info.param.name; });
+
+// With a cluster token, a header without its digest (or with another
+// token's) is refused before the transfer id is looked at: the expected
+// transfer neither fails nor is claimed, and the real sender then completes it.
+TEST_F(TcpTransportTest, HandshakeWithoutTheClusterCredentialChangesNothing) {
+  const TransferSpec spec = SmallSpec(2);
+  const auto layers = RandomLayers(spec, 9);
+  struct ClearToken {
+    ~ClearToken() { SetClusterToken(""); }
+  } clear_token;  // also when an assertion returns early
+  SetClusterToken("other-cluster");
+  internal::v1::KvTransferHeader foreign = MakeHeader(41, spec);
+  SetClusterToken("kv-test-token");
+  internal::v1::KvTransferHeader missing = MakeHeader(41, spec);
+  missing.clear_cluster_credential();
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(Expect(41, spec, sink, kWait).ok());
+  for (const internal::v1::KvTransferHeader& header : {missing, foreign}) {
+    auto conn = RawConnect(receiver_->endpoint());
+    ASSERT_NE(conn, nullptr);
+    const std::string bytes = header.SerializeAsString();
+    ASSERT_TRUE(tcp::WriteFrame(*conn, tcp::FrameType::kHeader,
+                                std::as_bytes(std::span<const char>(bytes)), absl::Now() + kWait)
+                    .ok());
+    auto ack = tcp::ReadAckFrame(*conn, absl::Now() + kWait);
+    ASSERT_TRUE(ack.ok()) << ack.status();
+    EXPECT_FALSE(ack->ok());
+    EXPECT_THAT(ack->error(), HasSubstr("cluster credential"));
+  }
+  EXPECT_EQ(sink->complete_calls(), 0);
+
+  auto session = sender_->Open(receiver_->endpoint(), 41, spec);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(SendAll(**session, 41, layers, InOrder(spec.num_layers)).ok());
+  DoneWaiter done;
+  (*session)->Finish(5, done.Callback());
+  auto sent = done.Wait();
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_TRUE(sent->ok()) << *sent;
+  auto result = sink->WaitResult();
+  ASSERT_TRUE(result.has_value() && result->ok());
+  ExpectReceivedExactly(*sink, layers);
+}
 
 TEST_F(TcpTransportTest, GarbageBeforeHeaderIsRefusedWithoutHarm) {
   auto conn = RawConnect(receiver_->endpoint());

@@ -1,0 +1,233 @@
+// The authenticated control plane end to end: a cluster with a cluster token
+// and TLS on the router's client port. Unauthenticated registry calls change
+// nothing, a KV handshake without the credential is refused, a worker with the
+// wrong token stays unregistered and NOT_SERVING, and clients need TLS.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "engine/runner_factory.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/tcp/socket.h"
+#include "kvtransfer/tcp/wire.h"
+#include "pdserve/internal/v1/kv_transfer.pb.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+#include "tests/integration/generate_client.h"
+#include "tests/integration/local_cluster.h"
+#include "tools/model_writer.h"
+
+namespace pdserve::testing {
+namespace {
+
+constexpr char kToken[] = "0123456789abcdef-test-cluster-token";
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteAll(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+class AuthTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    work_dir_ = new std::string(::testing::TempDir() + "/pdserve_auth_test");
+    std::filesystem::remove_all(*work_dir_);
+    std::filesystem::create_directories(*work_dir_);
+    const std::string& w = *work_dir_;
+    WriteAll(w + "/token", absl::StrCat(kToken, "\n"));
+    WriteAll(w + "/wrong_token", "not-the-cluster-token\n");
+    // A self-signed certificate for 127.0.0.1 (it is its own CA).
+    const std::string openssl =
+        absl::StrCat("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 ",
+                     "-addext subjectAltName=IP:127.0.0.1 -keyout ", w, "/key.pem -out ", w,
+                     "/cert.pem > ", w, "/openssl.log 2>&1");
+    ASSERT_EQ(std::system(openssl.c_str()), 0) << ReadAll(w + "/openssl.log");
+
+    engine::ModelConfig config = engine::DefaultDemoConfig();
+    config.max_position_embeddings = 256;
+    ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/11, "f32", w + "/model").ok());
+    const std::string token_flag = "--cluster_token_file=" + w + "/token";
+    cluster_ = new LocalCluster(
+        ClusterOptions{.model_dir = w + "/model",
+                       .work_dir = w,
+                       .router_flags = {token_flag, "--tls_cert_file=" + w + "/cert.pem",
+                                        "--tls_key_file=" + w + "/key.pem", "--http_port=-1"},
+                       .prefill_flags = {token_flag},
+                       .decode_flags = {token_flag}});
+    absl::Status s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  static std::unique_ptr<v1::Generation::Stub> TlsClient() {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadAll(*work_dir_ + "/cert.pem");
+    return v1::Generation::NewStub(
+        MakeClientChannel(cluster_->router_address(), grpc::SslCredentials(tls)));
+  }
+
+  static std::unique_ptr<internal::v1::Registry::Stub> RegistryStub() {
+    return internal::v1::Registry::NewStub(MakeChannel(cluster_->router_internal_address()));
+  }
+
+  static double PoolSize(const std::string& pool) {
+    auto text = HttpGet(cluster_->router_metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? MetricValue(*text, absl::StrCat("pdserve_pool_workers{pool=\"", pool, "\"}"))
+                     : -1;
+  }
+
+  static grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address,
+                                                                     const std::string& service) {
+    auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status s = stub->Check(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.status();
+  }
+
+  static std::string* work_dir_;
+  static LocalCluster* cluster_;
+};
+
+std::string* AuthTest::work_dir_ = nullptr;
+LocalCluster* AuthTest::cluster_ = nullptr;
+
+TEST_F(AuthTest, TlsClientGeneratesAndPlaintextClientFails) {
+  StreamResult ok = RunGenerate(*TlsClient(), TokenRequest({1, 2, 3, 4, 5}, 6));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 6u);
+
+  auto plain = v1::Generation::NewStub(
+      MakeClientChannel(cluster_->router_address(), grpc::InsecureChannelCredentials()));
+  StreamResult refused = RunGenerate(*plain, TokenRequest({1, 2, 3}, 2), absl::Seconds(5));
+  EXPECT_FALSE(refused.status.ok());
+  EXPECT_TRUE(refused.tokens.empty());
+}
+
+TEST_F(AuthTest, RegistryRefusesCallsWithoutTheTokenAndChangesNothing) {
+  ASSERT_EQ(PoolSize("prefill"), 1);
+  ASSERT_EQ(PoolSize("decode"), 1);
+  auto stub = RegistryStub();
+  const std::string real_prefill_id =
+      absl::StrCat("prefill-", cluster_->prefill()[0]->grpc_address);
+  for (const char* credential : {"", "Bearer wrong-token", "Bearer ", "0123456789abcdef"}) {
+    SCOPED_TRACE(credential);
+    internal::v1::RegisterRequest reg;
+    reg.mutable_worker()->set_worker_id("fake-prefill");
+    reg.mutable_worker()->set_role(internal::v1::WORKER_ROLE_PREFILL);
+    reg.mutable_worker()->set_address("127.0.0.1:1");
+    internal::v1::RegisterResponse reg_resp;
+    grpc::ClientContext reg_ctx;
+    if (*credential != '\0') reg_ctx.AddMetadata("authorization", credential);
+    EXPECT_EQ(stub->Register(&reg_ctx, reg, &reg_resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+
+    internal::v1::DeregisterRequest dereg;
+    dereg.set_worker_id(real_prefill_id);
+    internal::v1::DeregisterResponse dereg_resp;
+    grpc::ClientContext dereg_ctx;
+    if (*credential != '\0') dereg_ctx.AddMetadata("authorization", credential);
+    EXPECT_EQ(stub->Deregister(&dereg_ctx, dereg, &dereg_resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The registry is not on the client port at all.
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = ReadAll(*work_dir_ + "/cert.pem");
+  auto on_client_port = internal::v1::Registry::NewStub(
+      MakeClientChannel(cluster_->router_address(), grpc::SslCredentials(tls)));
+  internal::v1::DeregisterRequest dereg;
+  dereg.set_worker_id(real_prefill_id);
+  internal::v1::DeregisterResponse dereg_resp;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+  EXPECT_EQ(on_client_port->Deregister(&ctx, dereg, &dereg_resp).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+
+  // Longer than a pool-gauge refresh (250 ms): the pools are as they were.
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(PoolSize("prefill"), 1);
+  EXPECT_EQ(PoolSize("decode"), 1);
+  StreamResult still = RunGenerate(*TlsClient(), TokenRequest({7, 8, 9}, 3));
+  EXPECT_TRUE(still.status.ok()) << still.status.error_message();
+}
+
+TEST_F(AuthTest, WorkersRefuseCallsWithoutTheToken) {
+  auto prefill =
+      internal::v1::PrefillWorker::NewStub(MakeChannel(cluster_->prefill()[0]->grpc_address));
+  internal::v1::PrefillJob job;
+  job.add_prompt_token_ids(1);
+  job.mutable_kv_target()->set_endpoint(cluster_->decode()[0]->ready["kv_endpoint"]);
+  internal::v1::PrefillResult result;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer wrong-token");
+  EXPECT_EQ(prefill->Prefill(&ctx, job, &result).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  auto decode =
+      internal::v1::DecodeWorker::NewStub(MakeChannel(cluster_->decode()[0]->grpc_address));
+  internal::v1::DecodeJob djob;
+  djob.add_prompt_token_ids(1);
+  grpc::ClientContext dctx;
+  auto reader = decode->Decode(&dctx, djob);
+  internal::v1::DecodeEvent event;
+  EXPECT_FALSE(reader->Read(&event));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(AuthTest, KvHandshakeWithoutTheCredentialIsRefused) {
+  const std::string endpoint = cluster_->decode()[0]->ready["kv_endpoint"];
+  ASSERT_FALSE(endpoint.empty());
+  auto to = kvtransfer::tcp::ParseTcpEndpoint(endpoint);
+  ASSERT_TRUE(to.ok()) << to.status();
+  for (const std::string& credential : {std::string(), std::string(32, 'x')}) {
+    auto conn = kvtransfer::tcp::Connection::Connect(*to, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    internal::v1::KvTransferHeader header;
+    header.set_transfer_id(1);
+    header.set_cluster_credential(credential);
+    const std::string bytes = header.SerializeAsString();
+    ASSERT_TRUE(kvtransfer::tcp::WriteFrame(**conn, kvtransfer::tcp::FrameType::kHeader,
+                                            std::as_bytes(std::span<const char>(bytes)),
+                                            absl::Now() + absl::Seconds(5))
+                    .ok());
+    auto ack = kvtransfer::tcp::ReadAckFrame(**conn, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(ack.ok()) << ack.status();
+    EXPECT_FALSE(ack->ok());
+    EXPECT_NE(ack->error().find("cluster credential"), std::string::npos) << ack->error();
+  }
+  // Real transfers still work.
+  StreamResult ok = RunGenerate(*TlsClient(), TokenRequest({4, 5, 6}, 4));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+TEST_F(AuthTest, WorkerWithTheWrongTokenIsNotRegisteredAndNotServing) {
+  absl::Status s = cluster_->AddPrefill({"--cluster_token_file=" + *work_dir_ + "/wrong_token"});
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string address = cluster_->prefill().back()->grpc_address;
+  // Several registration attempts (one each 250 ms) all refused.
+  absl::SleepFor(absl::Seconds(1.5));
+  EXPECT_EQ(PoolSize("prefill"), 1);
+  using Status = grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(Health(address, ""), Status::NOT_SERVING);
+  EXPECT_EQ(Health(address, kLivenessService), Status::SERVING);
+  // The registered workers are ready.
+  EXPECT_EQ(Health(cluster_->prefill()[0]->grpc_address, ""), Status::SERVING);
+  EXPECT_EQ(Health(cluster_->decode()[0]->grpc_address, ""), Status::SERVING);
+  EXPECT_NE(cluster_->prefill().back()->proc.ReadLog().find("cluster credential"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdserve::testing

@@ -161,8 +161,10 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
       lossy ? MixFingerprint(weights.fingerprint(), WeightDtypeName(options.weight_dtype))
             : weights.fingerprint();
   try {
-    r->k_cache_.assign(config.num_layers, std::vector<float>(static_cast<size_t>(slots * kv)));
-    r->v_cache_.assign(config.num_layers, std::vector<float>(static_cast<size_t>(slots * kv)));
+    r->k_cache_.assign(config.num_layers,
+                       cpu::AlignedVector<float>(static_cast<size_t>(slots * kv)));
+    r->v_cache_.assign(config.num_layers,
+                       cpu::AlignedVector<float>(static_cast<size_t>(slots * kv)));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("CpuModelRunner: cannot allocate a KV cache of ", slots, " token slots"));
@@ -189,7 +191,7 @@ int64_t CpuModelRunner::SlotOffset(std::span<const int32_t> table, int t) const 
 // ---- forward building blocks ----
 
 void CpuModelRunner::ResizeScratch(int m) {
-  const auto grow = [](std::vector<float>& v, int64_t n) {
+  const auto grow = [](cpu::AlignedVector<float>& v, int64_t n) {
     if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
   };
   const int64_t h = config_.hidden_size;

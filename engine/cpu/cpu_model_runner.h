@@ -110,9 +110,12 @@ class CpuModelRunner : public ModelRunner {
   };
   // Activations for M rows and a step's bookkeeping, reused across steps so
   // that a decode step allocates nothing once warm (runner thread only).
+  // The activation buffers are 64-byte aligned (cpu::AlignedVector): the
+  // GEMV kernels read them a cache line at a time, and a vector load that
+  // straddles two lines costs a second access.
   struct Scratch {
-    std::vector<float> x, xn, qkv, attn, proj, gu, act;
-    std::vector<float> cos, sin;                      // [M, head_dim / 2]: RoPE at each row
+    cpu::AlignedVector<float> x, xn, qkv, attn, proj, gu, act;
+    cpu::AlignedVector<float> cos, sin;               // [M, head_dim / 2]: RoPE at each row
     std::vector<int32_t> tokens, positions, row_seq;  // [M]
     std::vector<int> sample_rows;                     // last row of each sampling sequence
     std::vector<float> sample;                        // Sample's scratch
@@ -176,7 +179,7 @@ class CpuModelRunner : public ModelRunner {
   Matrix lm_head_;               // [vocab, H]; empty when tied to embed_
   std::vector<Layer> layers_;
   // K and V storage per layer, num_blocks * block_size * KV floats each.
-  std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::vector<cpu::AlignedVector<float>> k_cache_, v_cache_;
   std::vector<KvRegion> regions_;  // over k_cache_/v_cache_
   Scratch scratch_;                // runner thread only
   std::vector<float> logits_;      // runner thread only

@@ -62,12 +62,12 @@ void Int8RowsPortable(const int8_t* q, const float* scales, float* y, int n, int
   }
 }
 
-void GemvInt8Portable(const int8_t* q, const float* scales, const float* x, float* y, int n,
-                      int k) {
-  Int8RowsPortable(q, scales, y, n, k, [x](const int8_t* row, int64_t, int begin, int end) {
-    float part = 0;
-    for (int i = begin; i < end; ++i) part += row[i] * x[i];
-    return part;
+void GemvInt8Portable(const int8_t* q, const float* scales, const Int16Activations& x, float* y,
+                      int n, int k) {
+  Int8RowsPortable(q, scales, y, n, k, [&x](const int8_t* row, int64_t g, int begin, int end) {
+    int32_t dot = 0;  // at most 32 * 127 * 32767 in magnitude: exact
+    for (int i = begin; i < end; ++i) dot += row[i] * x.q[i];
+    return x.scales[g] * static_cast<float>(dot);
   });
 }
 
@@ -80,18 +80,24 @@ void GemvInt8ActPortable(const int8_t* q, const float* scales, const Int8Activat
   });
 }
 
-void QuantizeInt8Portable(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+// Rows of k values in groups of 32: scale = max |value| / limit (0 for an
+// all-zero group), q = value / scale rounded to nearest, clamped to
+// [-limit, limit]. QuantizeInt8 (limit 127, int8) and QuantizeActivations16
+// (limit 32767, int16).
+template <typename T>
+void QuantizeGroupsPortable(const float* w, int64_t n, int64_t k, float limit, T* q,
+                            float* scales) {
   const int64_t groups = Int8Groups(k);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = r * k + g * kInt8Group, end = r * k + std::min(k, (g + 1) * kInt8Group);
       float max_abs = 0;
       for (int64_t i = begin; i < end; ++i) max_abs = std::max(max_abs, std::abs(w[i]));
-      const float scale = max_abs / 127.0f;
+      const float scale = max_abs / limit;
       scales[r * groups + g] = scale;
       for (int64_t i = begin; i < end; ++i) {
         const float v = scale > 0 ? std::nearbyint(w[i] / scale) : 0.0f;
-        q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+        q[i] = static_cast<T>(std::clamp(v, -limit, limit));
       }
     }
   }
@@ -122,11 +128,6 @@ struct Bf16x8 {
   static float Value(uint16_t v) { return Bf16Value(v); }
 };
 
-PDSERVE_AVX2 inline __m256 LoadInt8x8(const int8_t* p) {
-  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-}
-
 // fp32 or bf16 rows: one row at a time, 32 columns per iteration.
 template <typename Loader, typename T>
 PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
@@ -148,10 +149,16 @@ PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
   }
 }
 
-PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const float* x, float* y,
-                               int n, int k) {
+// GemvInt8 with AVX2: per group of 32, the weights widened to int16 and
+// multiplied by x.q in pairs (vpmaddwd: two products of at most 127 * 32767
+// summed, exact in int32), the 8 lane sums converted to fp32 and scaled by
+// (weight scale * activation scale). A short last group runs the portable
+// sum.
+PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const Int16Activations& x,
+                               float* y, int n, int k) {
   const int64_t groups = Int8Groups(k);
   const int full = k / kInt8Group;  // groups without a tail
+  const int16_t* xq = x.q.data();
   for (int r = 0; r < n; ++r) {
     const int8_t* row = q + int64_t{r} * k;
     const float* s = scales + r * groups;
@@ -159,22 +166,25 @@ PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const float
     int g = 0;
     for (; g < full; ++g) {
       const int i = g * kInt8Group;
-      __m256 t0 = _mm256_mul_ps(LoadInt8x8(row + i), _mm256_loadu_ps(x + i));
-      __m256 t1 = _mm256_mul_ps(LoadInt8x8(row + i + 8), _mm256_loadu_ps(x + i + 8));
-      t0 = _mm256_fmadd_ps(LoadInt8x8(row + i + 16), _mm256_loadu_ps(x + i + 16), t0);
-      t1 = _mm256_fmadd_ps(LoadInt8x8(row + i + 24), _mm256_loadu_ps(x + i + 24), t1);
-      const __m256 scale = _mm256_broadcast_ss(s + g);
+      const __m256i w0 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+      const __m256i w1 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i + 16)));
+      const __m256i dot = _mm256_add_epi32(
+          _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i))),
+          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i + 16))));
+      const __m256 scale = _mm256_set1_ps(s[g] * x.scales[g]);
       if (g % 2 == 0) {
-        acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), scale, acc0);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc0);
       } else {
-        acc1 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), scale, acc1);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc1);
       }
     }
     float sum = HorizontalSum(_mm256_add_ps(acc0, acc1));
     if (g < groups) {
-      float part = 0;
-      for (int i = g * kInt8Group; i < k; ++i) part += row[i] * x[i];
-      sum += s[g] * part;
+      int32_t dot = 0;
+      for (int i = g * kInt8Group; i < k; ++i) dot += row[i] * xq[i];
+      sum += s[g] * (x.scales[g] * static_cast<float>(dot));
     }
     y[r] = sum;
   }
@@ -208,18 +218,6 @@ struct Bf16x16 {
     return Widen(_mm256_maskz_loadu_epi16(mask, p));
   }
 };
-struct Int8x16 {
-  PDSERVE_AVX512 static __m512 Widen(__m128i raw) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-  }
-  PDSERVE_AVX512 static __m512 Load(const int8_t* p) {
-    return Widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  PDSERVE_AVX512 static __m512 Load(const int8_t* p, __mmask16 mask) {
-    return Widen(_mm_maskz_loadu_epi8(mask, p));
-  }
-};
-
 // fp32 or bf16 rows: one row at a time, Loader::kUnroll vectors of 16
 // columns per iteration, one accumulator each. fp32 streams fastest with two
 // (a 128-byte step), bf16 with four (also 128 bytes): in a scratch
@@ -251,49 +249,27 @@ PDSERVE_AVX512 void GemvAvx512(const T* w, const float* x, float* y, int n, int 
   }
 }
 
-PDSERVE_AVX512 void GemvInt8Avx512(const int8_t* q, const float* scales, const float* x, float* y,
-                                   int n, int k) {
-  const int64_t groups = Int8Groups(k);
-  const int pairs = k / (2 * kInt8Group);  // two full groups per iteration
-  for (int r = 0; r < n; ++r) {
-    const int8_t* row = q + int64_t{r} * k;
-    const float* s = scales + r * groups;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    for (int p = 0; p < pairs; ++p) {
-      const int i = p * 2 * kInt8Group;
-      __m512 t0 = _mm512_mul_ps(Int8x16::Load(row + i), _mm512_loadu_ps(x + i));
-      __m512 t1 = _mm512_mul_ps(Int8x16::Load(row + i + 32), _mm512_loadu_ps(x + i + 32));
-      t0 = _mm512_fmadd_ps(Int8x16::Load(row + i + 16), _mm512_loadu_ps(x + i + 16), t0);
-      t1 = _mm512_fmadd_ps(Int8x16::Load(row + i + 48), _mm512_loadu_ps(x + i + 48), t1);
-      acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(s[2 * p]), acc0);
-      acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(s[2 * p + 1]), acc1);
-    }
-    // At most two groups left, the last possibly short: 16 lanes at a time.
-    for (int64_t g = 2 * int64_t{pairs}; g < groups; ++g) {
-      const int begin = static_cast<int>(g * kInt8Group);
-      __m512 t = _mm512_setzero_ps();
-      for (int i = begin; i < std::min(k, begin + kInt8Group); i += 16) {
-        const __mmask16 m = TailMask(std::min(16, k - i));
-        t = _mm512_fmadd_ps(Int8x16::Load(row + i, m), _mm512_maskz_loadu_ps(m, x + i), t);
-      }
-      acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps(s[g]), acc0);
-    }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  }
+// 16 quantized values narrowed to T and stored.
+PDSERVE_AVX512 inline void StoreNarrowed(int8_t* q, __m512i v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(v));
+}
+PDSERVE_AVX512 inline void StoreNarrowed(int16_t* q, __m512i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtepi32_epi16(v));
 }
 
-// QuantizeInt8Portable, 32 values at a time: the same operations (a
+// QuantizeGroupsPortable, 32 values at a time: the same operations (a
 // division, round to nearest even, clamp), so the same bits.
-PDSERVE_AVX512 void QuantizeInt8Avx512(const float* w, int64_t n, int64_t k, int8_t* q,
-                                       float* scales) {
+template <typename T>
+PDSERVE_AVX512 void QuantizeGroupsAvx512(const float* w, int64_t n, int64_t k, float limit, T* q,
+                                         float* scales) {
   const int64_t groups = Int8Groups(k), full = k / kInt8Group;
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 lo = _mm512_set1_ps(-limit), hi = _mm512_set1_ps(limit);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t g = 0; g < full; ++g) {
       const int64_t at = r * k + g * kInt8Group;
       const __m512 a = _mm512_loadu_ps(w + at), b = _mm512_loadu_ps(w + at + 16);
       const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      const float scale = max_abs / 127.0f;
+      const float scale = max_abs / limit;
       scales[r * groups + g] = scale;
       __m512i qa = _mm512_setzero_si512(), qb = qa;
       if (scale > 0) {
@@ -304,12 +280,13 @@ PDSERVE_AVX512 void QuantizeInt8Avx512(const float* w, int64_t n, int64_t k, int
         qb = _mm512_cvtps_epi32(_mm512_min_ps(
             _mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(b, sv), kNearest), lo), hi));
       }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + at), _mm512_cvtepi32_epi8(qa));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + at + 16), _mm512_cvtepi32_epi8(qb));
+      StoreNarrowed(q + at, qa);
+      StoreNarrowed(q + at + 16, qb);
     }
     if (full < groups) {
       const int64_t at = r * k + full * kInt8Group;
-      QuantizeInt8Portable(w + at, 1, k - full * kInt8Group, q + at, scales + r * groups + full);
+      QuantizeGroupsPortable(w + at, 1, k - full * kInt8Group, limit, q + at,
+                             scales + r * groups + full);
     }
   }
 }
@@ -320,15 +297,15 @@ PDSERVE_AVX512 void QuantizeInt8Avx512(const float* w, int64_t n, int64_t k, int
 // holds the exact sum of its 4 products. A 64-byte chunk is two groups:
 // lanes 0-7 the first, 8-15 the second; each lane's sum is converted to fp32
 // and scaled by (weight scale * activation scale) of its group.
-// Bytes ahead of the current chunk GemvInt8ActAvx512Vnni prefetches.
+// Bytes ahead of the current chunk GemvVnni prefetches.
 constexpr int kInt8ActPrefetch = 4096;
 
 #define PDSERVE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 // acc + (weight chunk c of `row`, loaded under `mask`) . (chunk c of x) * sw
 // * (x's lane scales), as described above.
-PDSERVE_AVX512_VNNI inline __m512 Int8ActChunk(const int8_t* row, const Int8Activations& x, int c,
-                                               __mmask64 mask, __m512 sw, __m512 acc) {
+PDSERVE_AVX512_VNNI inline __m512 ActChunk(const int8_t* row, const Int8Activations& x, int c,
+                                           __mmask64 mask, __m512 sw, __m512 acc) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, row + 64 * c), flip);
   const __m512i sums = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.lane_bias.data() + 16 * c), wu,
@@ -337,8 +314,33 @@ PDSERVE_AVX512_VNNI inline __m512 Int8ActChunk(const int8_t* row, const Int8Acti
                          _mm512_mul_ps(sw, _mm512_loadu_ps(x.lane_scale.data() + 16 * c)), acc);
 }
 
-PDSERVE_AVX512_VNNI void GemvInt8ActAvx512Vnni(const int8_t* q, const float* scales,
-                                               const Int8Activations& x, float* y, int n, int k) {
+// GemvInt8 with AVX-512 VNNI. An activation is q = 256 * hi + lo (hi signed,
+// lo unsigned bytes), so a 64-byte chunk of weights w takes two vpdpbusd:
+// sum(w * hi) as in the int8 ActChunk above (w flipped to unsigned, each lane starting
+// at x.hi_bias), shifted left 8, then + sum(lo * w) with lo as the unsigned
+// operand. Each lane's sum of 4 products is exact (|w . q| <= 4 * 127 *
+// 32767 per lane), converted to fp32 and scaled by (weight scale *
+// activation scale) of its group; lanes 0-7 are the chunk's first group, 8-15
+// its second.
+PDSERVE_AVX512_VNNI inline __m512 ActChunk(const int8_t* row, const Int16Activations& x, int c,
+                                           __mmask64 mask, __m512 sw, __m512 acc) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i w = _mm512_maskz_loadu_epi8(mask, row + 64 * c);
+  __m512i sums =
+      _mm512_dpbusd_epi32(_mm512_loadu_si512(x.hi_bias.data() + 16 * c), _mm512_xor_si512(w, flip),
+                          _mm512_loadu_si512(x.hi.data() + 64 * c));
+  sums =
+      _mm512_dpbusd_epi32(_mm512_slli_epi32(sums, 8), _mm512_loadu_si512(x.lo.data() + 64 * c), w);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums),
+                         _mm512_mul_ps(sw, _mm512_loadu_ps(x.lane_scale.data() + 16 * c)), acc);
+}
+
+// y[r] for n rows of int8 weights against x (Int8Activations for
+// GemvInt8Act, Int16Activations for GemvInt8), 64 values (two groups) per
+// ActChunk.
+template <typename Activations>
+PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Activations& x,
+                                  float* y, int n, int k) {
   const int64_t groups = Int8Groups(k);
   const int chunks = k / 64;  // full 64-value chunks
   // Lanes 0-7 take scale 0 of four, 8-15 scale 1; or scales 2 and 3.
@@ -359,17 +361,17 @@ PDSERVE_AVX512_VNNI void GemvInt8ActAvx512Vnni(const int8_t* q, const float* sca
       _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch + 64,
                    _MM_HINT_T0);
       const __m512 s4 = _mm512_castps128_ps512(_mm_loadu_ps(s + 2 * c));
-      acc0 = Int8ActChunk(row, x, c, ~__mmask64{0}, _mm512_permutexvar_ps(first2, s4), acc0);
-      acc1 = Int8ActChunk(row, x, c + 1, ~__mmask64{0}, _mm512_permutexvar_ps(next2, s4), acc1);
+      acc0 = ActChunk(row, x, c, ~__mmask64{0}, _mm512_permutexvar_ps(first2, s4), acc0);
+      acc1 = ActChunk(row, x, c + 1, ~__mmask64{0}, _mm512_permutexvar_ps(next2, s4), acc1);
     }
     // At most two chunks left, the last possibly short. Masked-off weights
-    // read as 0 and meet zero padding of x.q, lane_bias and lane_scale.
+    // read as 0 and meet the zero padding of x's arrays.
     for (; 64 * c < k; ++c) {
       const int left = k - 64 * c;
       const __mmask64 mask = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
       const __mmask16 smask = groups - 2 * c >= 2 ? 0x3 : 0x1;
       const __m512 s2 = _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, s + 2 * c));
-      acc0 = Int8ActChunk(row, x, c, mask, _mm512_permutexvar_ps(first2, s2), acc0);
+      acc0 = ActChunk(row, x, c, mask, _mm512_permutexvar_ps(first2, s2), acc0);
     }
     y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   }
@@ -418,28 +420,72 @@ const char* IsaName(Isa isa) {
   return "unknown";
 }
 
-void QuantizeInt8(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+// Quantizes with limit 127 (int8) or 32767 (int16).
+template <typename T>
+void QuantizeGroups(const float* w, int64_t n, int64_t k, float limit, T* q, float* scales) {
 #if defined(__x86_64__)
-  if (BestIsa() == Isa::kAvx512) return QuantizeInt8Avx512(w, n, k, q, scales);
+  if (BestIsa() == Isa::kAvx512) return QuantizeGroupsAvx512(w, n, k, limit, q, scales);
 #endif
-  QuantizeInt8Portable(w, n, k, q, scales);
+  QuantizeGroupsPortable(w, n, k, limit, q, scales);
+}
+
+void QuantizeInt8(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+  QuantizeGroups(w, n, k, 127.0f, q, scales);
+}
+
+// Per 4 values ("lane") of signed bytes v[0, padded): -128 * their sum (the
+// VNNI kernels' start for unsigned-times-signed products) and the scale of
+// their group (0 past k).
+void FillLanes(const int8_t* v, const float* scales, int k, size_t padded,
+               AlignedVector<int32_t>& bias, AlignedVector<float>& lane_scale) {
+  bias.resize(padded / 4);
+  lane_scale.resize(padded / 4);
+  for (size_t lane = 0; lane < padded / 4; ++lane) {
+    const int8_t* l = v + 4 * lane;
+    bias[lane] = -128 * (l[0] + l[1] + l[2] + l[3]);
+    lane_scale[lane] = 4 * lane < static_cast<size_t>(k) ? scales[4 * lane / kInt8Group] : 0;
+  }
+}
+
+// out.q and out.scales from x[0, k) (QuantizeGroups with `limit`), q padded
+// with zeros to a multiple of 64 values; returns that padded length.
+template <typename Activations>
+size_t QuantizePadded(const float* x, int k, float limit, Activations& out) {
+  const size_t padded = (static_cast<size_t>(k) + 63) / 64 * 64;
+  out.k = k;
+  out.q.assign(padded, 0);
+  out.scales.resize(static_cast<size_t>(Int8Groups(k)));
+  QuantizeGroups(x, 1, k, limit, out.q.data(), out.scales.data());
+  return padded;
 }
 
 void QuantizeActivations(const float* x, int k, Int8Activations& out) {
+  const size_t padded = QuantizePadded(x, k, 127.0f, out);
+  FillLanes(out.q.data(), out.scales.data(), k, padded, out.lane_bias, out.lane_scale);
+}
+
+void QuantizeActivations16(const float* x, int m, int k, int16_t* q, float* scales) {
+  QuantizeGroups(x, m, k, 32767.0f, q, scales);
+}
+
+void QuantizeActivations(const float* x, int k, Int16Activations& out) {
+  const size_t padded = QuantizePadded(x, k, 32767.0f, out);
+  out.hi.resize(padded);
+  out.lo.resize(padded);
+  for (size_t i = 0; i < padded; ++i) {
+    out.hi[i] = static_cast<int8_t>(out.q[i] >> 8);  // arithmetic: q = 256 * hi + lo
+    out.lo[i] = static_cast<uint8_t>(out.q[i] & 0xff);
+  }
+  FillLanes(out.hi.data(), out.scales.data(), k, padded, out.hi_bias, out.lane_scale);
+}
+
+void DequantizeActivations16(const int16_t* q, const float* scales, int64_t m, int64_t k,
+                             float* out) {
   const int64_t groups = Int8Groups(k);
-  const size_t padded = (static_cast<size_t>(k) + 63) / 64 * 64;
-  out.k = k;
-  out.q.resize(padded);
-  out.scales.resize(static_cast<size_t>(groups));
-  QuantizeInt8(x, 1, k, out.q.data(), out.scales.data());
-  std::fill(out.q.begin() + k, out.q.end(), int8_t{0});
-  out.lane_bias.resize(padded / 4);
-  out.lane_scale.resize(padded / 4);
-  for (size_t lane = 0; lane < padded / 4; ++lane) {
-    const int8_t* v = &out.q[4 * lane];
-    out.lane_bias[lane] = -128 * (v[0] + v[1] + v[2] + v[3]);
-    out.lane_scale[lane] =
-        4 * lane < static_cast<size_t>(k) ? out.scales[4 * lane / kInt8Group] : 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      out[r * k + i] = q[r * k + i] * scales[r * groups + i / kInt8Group];
+    }
   }
 }
 
@@ -486,12 +532,13 @@ void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, Isa isa
   }
 }
 
-void GemvInt8(const int8_t* q, const float* scales, const float* x, float* y, int n, int k,
-              Isa isa) {
+void GemvInt8(const int8_t* q, const float* scales, const Int16Activations& x, float* y, int n,
+              int k, Isa isa) {
   switch (Usable(isa)) {
 #if defined(__x86_64__)
     case Isa::kAvx512:
-      return GemvInt8Avx512(q, scales, x, y, n, k);
+      if (HasAvx512Vnni()) return GemvVnni(q, scales, x, y, n, k);
+      return GemvInt8Avx2(q, scales, x, y, n, k);  // AVX-512 without VNNI
     case Isa::kAvx2:
       return GemvInt8Avx2(q, scales, x, y, n, k);
 #else
@@ -507,7 +554,7 @@ void GemvInt8Act(const int8_t* q, const float* scales, const Int8Activations& x,
                  int k, Isa isa) {
 #if defined(__x86_64__)
   if (Usable(isa) == Isa::kAvx512 && HasAvx512Vnni()) {
-    return GemvInt8ActAvx512Vnni(q, scales, x, y, n, k);
+    return GemvVnni(q, scales, x, y, n, k);
   }
 #endif
   GemvInt8ActPortable(q, scales, x, y, n, k);

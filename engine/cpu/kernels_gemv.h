@@ -1,7 +1,7 @@
 // Weight-streaming GEMV kernels: y[r] = dot(w row r, x) for n rows of k
 // values stored in fp32, bf16 or int8 (with per-group scales), accumulated
-// in fp32. Batch-1 decode is these kernels reading every weight once, so
-// their speed is the rate at which one core streams memory.
+// in fp32 (int8: in exact integer sums per group, then fp32). Batch-1 decode is these kernels
+// reading every weight once, so their speed is the rate at which one core streams memory.
 //
 // Each kernel walks the rows in order, one row at a time, so a thread's
 // reads form a single ascending address stream: on the Zen 4 machines this
@@ -12,7 +12,9 @@
 // threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace pdserve::engine::cpu {
@@ -24,7 +26,7 @@ enum class Isa { kPortable, kAvx2, kAvx512 };
 // AVX-512 F and BW).
 Isa BestIsa();
 // Whether the CPU has AVX-512 VNNI (int8 dot products into int32), which
-// GemvInt8Act uses at Isa::kAvx512.
+// GemvInt8 and GemvInt8Act use at Isa::kAvx512.
 bool HasAvx512Vnni();
 const char* IsaName(Isa isa);
 
@@ -41,16 +43,38 @@ void QuantizeInt8(const float* w, int64_t n, int64_t k, int8_t* q, float* scales
 // out[r, i] = q[r, i] * scale of its group, for n rows of k.
 void DequantizeInt8(const int8_t* q, const float* scales, int64_t n, int64_t k, float* out);
 
+// An allocator of 64-byte aligned storage: the activation arrays below are
+// read a 64-byte vector at a time, and loads that straddle two cache lines
+// streamed the weights about 20% slower in a scratch microbenchmark on the
+// Zen 4 machine (docs/performance.md).
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
+};
+template <typename T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
 // An activation vector quantized for GemvInt8Act: x[0, k) as QuantizeInt8
 // quantizes one row (groups of 32, scale max |x| / 127, round to nearest),
 // plus what the AVX-512 VNNI kernel reads per 4 values ("lane"). Arrays are
 // padded with zeros to a multiple of 64 values. Reused across calls.
 struct Int8Activations {
   int k = 0;
-  std::vector<int8_t> q;           // [padded k]
-  std::vector<float> scales;       // [Int8Groups(k)]
-  std::vector<int32_t> lane_bias;  // [padded k / 4]: -128 * (sum of the lane's 4 q)
-  std::vector<float> lane_scale;   // [padded k / 4]: the scale of the lane's group
+  AlignedVector<int8_t> q;           // [padded k]
+  AlignedVector<float> scales;       // [Int8Groups(k)]
+  AlignedVector<int32_t> lane_bias;  // [padded k / 4]: -128 * (sum of the lane's 4 q)
+  AlignedVector<float> lane_scale;   // [padded k / 4]: the scale of the lane's group
 };
 // Fills `out` from x[0, k), k >= 1.
 void QuantizeActivations(const float* x, int k, Int8Activations& out);
@@ -59,9 +83,38 @@ void QuantizeActivations(const float* x, int k, Int8Activations& out);
 void GemvF32(const float* w, const float* x, float* y, int n, int k, Isa isa);
 // bf16: the upper 16 bits of the fp32 value.
 void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, Isa isa);
-// y[r] = sum over groups g of scale[r, g] * sum_{i in g} q[r, i] * x[i].
-void GemvInt8(const int8_t* q, const float* scales, const float* x, float* y, int n, int k,
-              Isa isa);
+// The activations of an int8 matrix (WeightDtype::kInt8): x rounded to
+// 16-bit integers in groups of 32 (scale max |x| / 32767, round to nearest),
+// a rounding 258 times finer than the weights' (max / 127), so the error
+// stays the weights'; the dot products are then exact integer sums. Besides
+// q, what the AVX-512 VNNI kernel reads: q = 256 * hi + lo (hi signed, lo
+// unsigned) and per 4 values ("lane") -128 * (sum of their hi) and their
+// group's scale. Arrays are padded with zeros to a multiple of 64 values.
+// Reused across calls.
+struct Int16Activations {
+  int k = 0;
+  AlignedVector<int16_t> q;         // [padded k]
+  AlignedVector<float> scales;      // [Int8Groups(k)]
+  AlignedVector<int8_t> hi;         // [padded k]: q >> 8
+  AlignedVector<uint8_t> lo;        // [padded k]: q & 0xff
+  AlignedVector<int32_t> hi_bias;   // [padded k / 4]
+  AlignedVector<float> lane_scale;  // [padded k / 4]
+};
+// m rows of k values rounded as above into q (m * k) and scales
+// (m * Int8Groups(k)).
+void QuantizeActivations16(const float* x, int m, int k, int16_t* q, float* scales);
+// out[r, i] = q[r, i] * the scale of its group.
+void DequantizeActivations16(const int16_t* q, const float* scales, int64_t m, int64_t k,
+                             float* out);
+// Fills `out` from x[0, k), k >= 1.
+void QuantizeActivations(const float* x, int k, Int16Activations& out);
+
+// int8 weights times 16-bit activations: y[r] = sum over groups g of
+// scale[r, g] * (x.scales[g] * (sum_{i in g} q[r, i] * x.q[i])), the integer
+// sums exact, the rest in fp32. Isa::kAvx512 uses AVX-512 VNNI where
+// HasAvx512Vnni(), else AVX2 (vpmaddwd).
+void GemvInt8(const int8_t* q, const float* scales, const Int16Activations& x, float* y, int n,
+              int k, Isa isa);
 // int8 weights times int8 activations (WeightDtype::kW8A8): y[r] = sum over
 // groups g of scale[r, g] * x.scales[g] * (sum_{i in g} q[r, i] * x.q[i]),
 // the integer sums exact (int32), the rest in fp32. Isa::kAvx512 uses AVX-512

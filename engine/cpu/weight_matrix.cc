@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -19,8 +20,50 @@ namespace pdserve::engine::cpu {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
+// Matrices up to kSlabBytes / 4 share slabs of kSlabBytes; larger ones get a
+// mapping of their own.
+constexpr size_t kSlabBytes = size_t{32} << 20;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// `size` bytes (a multiple of kHugePage) from a fresh mapping, 2 MiB-aligned
+// and advised huge before anything touches them, or nullptr. Heap memory
+// would not do: pages a freed buffer already faulted in stay 4 KiB pages
+// whatever madvise says later, and a weight stream over 4 KiB pages ran at
+// about half the rate (docs/performance.md). Where transparent huge pages
+// are off or not built in, madvise fails or is a no-op and the mapping keeps
+// 4 KiB pages.
+std::byte* MapHuge(size_t size) {
+  void* raw =
+      mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  // Trim the mapping to a 2 MiB-aligned range of `size` bytes.
+  auto* begin = static_cast<std::byte*>(raw);
+  const size_t head =
+      RoundUp(reinterpret_cast<uintptr_t>(begin), kHugePage) - reinterpret_cast<uintptr_t>(begin);
+  if (head > 0) munmap(begin, head);
+  munmap(begin + head + size, kHugePage - head);  // head < kHugePage
+  madvise(begin + head, size, MADV_HUGEPAGE);     // advice only: failure is fine
+  return begin + head;
+}
+
+}  // namespace
+
+// Small matrices packed into shared huge-page slabs: a model's many small
+// projections (an int8 k_proj of 768 x 256 is 200 KB) would otherwise sit
+// on 4 KiB heap pages, or each round up to a 2 MiB mapping of its own. A
+// slab is handed out front to back and unmapped when its last matrix is
+// freed and it is no longer the one being filled.
+struct WeightSlab {
+  std::byte* base = nullptr;
+  size_t used = 0;
+  int live = 0;  // matrices in it not yet freed
+};
+
+namespace {
+
+std::mutex slab_mutex;
+WeightSlab* filling_slab = nullptr;  // guarded by slab_mutex
 
 }  // namespace
 
@@ -37,11 +80,48 @@ const char* StorageName(WeightMatrix::Storage storage) {
 }
 
 void WeightMatrix::Free::operator()(std::byte* p) const {
-  if (mapped_bytes > 0) {
+  if (slab != nullptr) {
+    std::lock_guard<std::mutex> lock(slab_mutex);
+    if (--slab->live == 0 && slab != filling_slab) {
+      munmap(slab->base, kSlabBytes);
+      delete slab;
+    }
+  } else if (mapped_bytes > 0) {
     munmap(p, mapped_bytes);
   } else {
     std::free(p);
   }
+}
+
+std::unique_ptr<std::byte, WeightMatrix::Free> WeightMatrix::AllocateStorage(size_t bytes) {
+  if (bytes <= kSlabBytes / 4) {
+    const size_t need = RoundUp(std::max<size_t>(bytes, 1), 256);
+    std::lock_guard<std::mutex> lock(slab_mutex);
+    if (filling_slab == nullptr || filling_slab->used + need > kSlabBytes) {
+      std::byte* base = MapHuge(kSlabBytes);
+      if (base != nullptr) {
+        if (filling_slab != nullptr && filling_slab->live == 0) {
+          munmap(filling_slab->base, kSlabBytes);
+          delete filling_slab;
+        }
+        filling_slab = new WeightSlab{base, 0, 0};
+      }
+    }
+    if (filling_slab != nullptr && filling_slab->used + need <= kSlabBytes) {
+      std::byte* p = filling_slab->base + filling_slab->used;
+      filling_slab->used += need;
+      ++filling_slab->live;
+      return std::unique_ptr<std::byte, Free>(p, Free{0, filling_slab});
+    }
+  } else {
+    const size_t size = RoundUp(bytes, kHugePage);
+    if (std::byte* p = MapHuge(size))
+      return std::unique_ptr<std::byte, Free>(p, Free{size, nullptr});
+  }
+  // The mapping failed: the heap serves (64-byte aligned, 4 KiB pages).
+  void* p = std::aligned_alloc(64, RoundUp(std::max<size_t>(bytes, 1), 64));
+  if (p == nullptr) throw std::bad_alloc();
+  return std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{0, nullptr});
 }
 
 void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
@@ -63,32 +143,7 @@ void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
               static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(float);
       break;
   }
-  // Large matrices: whole 2 MiB pages from a fresh mapping, advised huge
-  // before anything touches them. Heap memory would not do: pages a freed
-  // buffer already faulted in stay 4 KiB pages whatever madvise says later,
-  // and a weight stream over 4 KiB pages ran at about half the rate
-  // (docs/performance.md). Where transparent huge pages are off or not built
-  // in, madvise fails or is a no-op and the mapping keeps 4 KiB pages; where
-  // the mapping itself fails, the heap below serves instead.
-  if (bytes >= kHugePage / 2) {
-    const size_t size = RoundUp(bytes, kHugePage);
-    void* raw =
-        mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw != MAP_FAILED) {
-      // Trim the mapping to a 2 MiB-aligned range of `size` bytes.
-      auto* begin = static_cast<std::byte*>(raw);
-      const size_t head = RoundUp(reinterpret_cast<uintptr_t>(begin), kHugePage) -
-                          reinterpret_cast<uintptr_t>(begin);
-      if (head > 0) munmap(begin, head);
-      munmap(begin + head + size, kHugePage - head);  // head < kHugePage
-      madvise(begin + head, size, MADV_HUGEPAGE);     // advice only: failure is fine
-      data_ = std::unique_ptr<std::byte, Free>(begin + head, Free{size});
-      return;
-    }
-  }
-  void* p = std::aligned_alloc(64, RoundUp(std::max<size_t>(bytes, 1), 64));
-  if (p == nullptr) throw std::bad_alloc();
-  data_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{0});
+  data_ = AllocateStorage(bytes);
 }
 
 WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, int64_t cols,
@@ -201,8 +256,8 @@ void WeightMatrix::BlockGemm(const float* x, float* y, int m, int64_t first, int
   }
 }
 
-void WeightMatrix::GemvRows(const float* x, const Int8Activations& xq, float* y, int first,
-                            int count) const {
+void WeightMatrix::GemvRows(const float* x, const Int8Activations& x8, const Int16Activations& x16,
+                            float* y, int first, int count) const {
   const int k = static_cast<int>(cols_);
   const int64_t at = int64_t{first} * k;
   const Isa isa = BestIsa();
@@ -213,8 +268,8 @@ void WeightMatrix::GemvRows(const float* x, const Int8Activations& xq, float* y,
       return GemvBf16(bf16() + at, x, y + first, count, k, isa);
     case Storage::kInt8: {
       const float* s = scales() + first * Int8Groups(k);
-      if (quantize_activations_) return GemvInt8Act(int8() + at, s, xq, y + first, count, k, isa);
-      return GemvInt8(int8() + at, s, x, y + first, count, k, isa);
+      if (quantize_activations_) return GemvInt8Act(int8() + at, s, x8, y + first, count, k, isa);
+      return GemvInt8(int8() + at, s, x16, y + first, count, k, isa);
     }
   }
 }
@@ -222,28 +277,40 @@ void WeightMatrix::GemvRows(const float* x, const Int8Activations& xq, float* y,
 void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
-  // w8a8: the activations rounded once, here, before the threads split the
-  // rows; the threads read the caller's buffers.
-  thread_local Int8Activations quantized_x;
+  // int8 storage: the activations rounded once, here, before the threads
+  // split the rows (to int8 for w8a8, else to 16-bit integers); the threads
+  // read the caller's buffers. At m > 1 each row is rounded as the GEMV
+  // rounds it and the fp32 sgemm path multiplies those values: the same
+  // products up to fp32 summation order.
+  // (References: a lambda naming a thread_local reads the running thread's
+  // own; the pool's threads must read this thread's.)
+  thread_local Int8Activations x8_buffer;
+  thread_local Int16Activations x16_buffer;
   thread_local std::vector<float> rounded_x;
-  if (quantize_activations_) {
-    if (m == 1) {
-      QuantizeActivations(x, k, quantized_x);
-    } else {
-      // Each row rounded as the GEMV rounds it, then the fp32 sgemm path:
-      // the same products up to fp32 summation order.
-      const int64_t groups = Int8Groups(k);
-      std::vector<int8_t>& q = quantized_x.q;
-      std::vector<float>& s = quantized_x.scales;
-      q.resize(static_cast<size_t>(m) * k);
-      s.resize(static_cast<size_t>(m * groups));
+  Int8Activations& x8 = x8_buffer;
+  Int16Activations& x16 = x16_buffer;
+  if (storage_ == Storage::kInt8) {
+    const int64_t groups = Int8Groups(k);
+    if (m == 1 && quantize_activations_) {
+      QuantizeActivations(x, k, x8);
+    } else if (m == 1) {
+      QuantizeActivations(x, k, x16);
+    } else if (quantize_activations_) {
+      x8.q.resize(static_cast<size_t>(m) * k);
+      x8.scales.resize(static_cast<size_t>(m * groups));
       rounded_x.resize(static_cast<size_t>(m) * k);
-      QuantizeInt8(x, m, k, q.data(), s.data());
-      DequantizeInt8(q.data(), s.data(), m, k, rounded_x.data());
+      QuantizeInt8(x, m, k, x8.q.data(), x8.scales.data());
+      DequantizeInt8(x8.q.data(), x8.scales.data(), m, k, rounded_x.data());
+      x = rounded_x.data();
+    } else {
+      x16.q.resize(static_cast<size_t>(m) * k);
+      x16.scales.resize(static_cast<size_t>(m * groups));
+      rounded_x.resize(static_cast<size_t>(m) * k);
+      QuantizeActivations16(x, m, k, x16.q.data(), x16.scales.data());
+      DequantizeActivations16(x16.q.data(), x16.scales.data(), m, k, rounded_x.data());
       x = rounded_x.data();
     }
   }
-  const Int8Activations& xq = quantized_x;
   if (m == 1 && pool != nullptr && pool->num_threads() > 1) {
     // Chunks of whole 16-row groups, about 128 KiB of weights each: long
     // enough streams, few enough claims.
@@ -252,12 +319,20 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
         static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
     pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
       const int first = static_cast<int>(c) * chunk;
-      GemvRows(x, xq, y, first, std::min(chunk, n - first));
+      GemvRows(x, x8, x16, y, first, std::min(chunk, n - first));
     });
     return;
   }
   // Blocks of rows, a multiple of 16, one per thread.
   const int threads = MatMulThreads(m, n, k, num_threads);
+  if (threads == 1) {  // no OpenMP region (its set-up is paid per call)
+    if (m > 1) {
+      BlockGemm(x, y, m, 0, n);
+    } else {
+      GemvRows(x, x8, x16, y, 0, n);
+    }
+    return;
+  }
   const int block = ((n + threads - 1) / threads + 15) / 16 * 16;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int n0 = 0; n0 < n; n0 += block) {
@@ -265,7 +340,7 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
     if (m > 1) {
       BlockGemm(x, y, m, n0, nb);
     } else {
-      GemvRows(x, xq, y, n0, nb);
+      GemvRows(x, x8, x16, y, n0, nb);
     }
   }
 }

@@ -2,11 +2,13 @@
 // torch.nn.Linear stores it) in fp32, bf16 or int8 with one fp32 scale per
 // group of 32 values of a row (kernels_gemv.h), and the matmul that reads it.
 //
-// Storage is one allocation; a large one is a fresh 2 MiB-aligned mapping
-// advised for transparent huge pages before its first touch: batch-1 decode
-// streams every weight once per step, and over 4 KiB pages that stream runs
-// at about half the rate (TLB misses, prefetchers stopping at page edges).
-// Where the mapping fails the heap serves (64-byte aligned, 4 KiB pages).
+// Storage is one allocation in memory advised for transparent huge pages
+// before its first touch: a 2 MiB-aligned mapping of its own for a matrix
+// over 8 MiB, a share of a 32 MiB slab of such memory for a smaller one.
+// Batch-1 decode streams every weight once per step, and over 4 KiB pages
+// that stream runs at about half the rate (TLB misses, prefetchers stopping
+// at page edges). Where a mapping fails the heap serves (64-byte aligned,
+// 4 KiB pages).
 //
 // Thread safety: const methods may run concurrently; MatMul forks its own
 // OpenMP threads, so call it from one thread at a time per process (the
@@ -26,6 +28,8 @@
 
 namespace pdserve::engine::cpu {
 
+struct WeightSlab;  // shared huge-page memory of small matrices (weight_matrix.cc)
+
 class WeightMatrix {
  public:
   // What the values are stored as (never kAuto).
@@ -37,7 +41,8 @@ class WeightMatrix {
 
   // From rows * cols fp32 values. WeightDtype::kAuto stores bf16 when every
   // value is exactly a bf16 number, else fp32; kBf16 rounds to nearest even;
-  // kInt8 quantizes (QuantizeInt8); kW8A8 quantizes and marks the matrix to
+  // kInt8 quantizes (QuantizeInt8; MatMul rounds x to 16 bits, see MatMul);
+  // kW8A8 quantizes and marks the matrix to
   // quantize its activations too (quantize_activations()).
   static WeightMatrix FromF32(std::span<const float> values, int64_t rows, int64_t cols,
                               WeightDtype dtype);
@@ -66,19 +71,24 @@ class WeightMatrix {
   // (rows in chunks of about 128 KiB, claimed as threads come free), else
   // over at most `num_threads` OpenMP threads, each taking a block of rows;
   // m > 1: OpenBLAS sgemm on at most `num_threads` OpenMP threads, with bf16
-  // and int8 rows expanded to fp32 a cache-sized block at a time. With
-  // quantize_activations(), x's rows are rounded first: at m == 1 to int8
-  // for GemvInt8Act, at m > 1 to the same values in fp32.
+  // and int8 rows expanded to fp32 a cache-sized block at a time. With int8
+  // storage x's rows are rounded first, to 16-bit integers in groups of 32
+  // (Int16Activations; with quantize_activations(), to int8): at m == 1 for
+  // GemvInt8 / GemvInt8Act, at m > 1 to the same values in fp32.
   void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:
-  // Frees storage from Allocate: munmap of `mapped_bytes` when non-zero,
-  // else std::free. (No member initialiser: a nested class's is not usable
-  // before the enclosing class is complete; unique_ptr value-initialises it.)
+  // Frees storage from AllocateStorage: a share of a slab, an munmap of
+  // `mapped_bytes` when non-zero, else std::free. (No member initialisers: a
+  // nested class's are not usable before the enclosing class is complete;
+  // unique_ptr value-initialises it.)
   struct Free {
     size_t mapped_bytes;
+    WeightSlab* slab;
     void operator()(std::byte* p) const;
   };
+  // `bytes` of huge-page memory (see the file comment), 256-byte aligned.
+  static std::unique_ptr<std::byte, Free> AllocateStorage(size_t bytes);
   // Uninitialised storage for rows x cols values of `storage` (and the
   // scales of int8); sets the shape.
   void Allocate(Storage storage, int64_t rows, int64_t cols);
@@ -91,8 +101,10 @@ class WeightMatrix {
   }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
-  // y[r] for rows [first, first + count), m == 1 (xq: x quantized, w8a8 only).
-  void GemvRows(const float* x, const Int8Activations& xq, float* y, int first, int count) const;
+  // y[r] for rows [first, first + count), m == 1 (int8 storage: x as
+  // rounded by MatMul, x8 for w8a8, else x16).
+  void GemvRows(const float* x, const Int8Activations& x8, const Int16Activations& x16, float* y,
+                int first, int count) const;
 
   Storage storage_ = Storage::kF32;
   int64_t rows_ = 0;

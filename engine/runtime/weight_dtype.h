@@ -1,7 +1,9 @@
 // How a backend stores weight matrices in memory, chosen per process
 // (RunnerOptions::weight_dtype, the workers' --weight_dtype flag). Norms,
-// biases and activations are fp32 whatever is chosen, except that kW8A8
-// also rounds the activations entering each matrix product.
+// biases and activations are fp32 whatever is chosen, except that the int8
+// dtypes round the activations entering each matrix product of the CPU
+// backend: kInt8 to 16-bit integers (258 times finer than the weights'
+// rounding), kW8A8 to 8-bit.
 #pragma once
 
 #include <string>
@@ -18,8 +20,11 @@ enum class WeightDtype {
   kAuto,
   kF32,   // every matrix in fp32
   kBf16,  // every matrix in bf16, values rounded to nearest even
-  // Weight-only int8: each row in groups of 32 values, one fp32 scale per
-  // group (max |value| / 127), values rounded to nearest (Q8_0-like).
+  // int8 weights: each row in groups of 32 values, one fp32 scale per
+  // group (max |value| / 127), values rounded to nearest (Q8_0-like). The
+  // CPU backend multiplies them by the activations rounded to 16 bits per
+  // group of 32 (max |x| / 32767) in exact integer dot products; the error
+  // is the weights' (docs/architecture.md).
   kInt8,
   // kInt8 weights, and each activation row entering a matrix product
   // quantized the same way (groups of 32, scale max |x| / 127) before it:

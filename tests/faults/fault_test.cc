@@ -391,7 +391,9 @@ void FaultTest::PrefillFault(bool stop) {
   const double retries = RouterSeries(cluster, "pdserve_retries_total{pool=\"prefill\"}");
   // Detection is the failed (or unanswered) call: the first request's wait.
   o.detect = streams[0]->LongestGapAfter(fault_time);
-  if (stop) ASSERT_TRUE((*victim)->proc.Signal(SIGCONT));
+  if (stop) {
+    ASSERT_TRUE((*victim)->proc.Signal(SIGCONT));
+  }
   EXPECT_TRUE(KvFreed(*cluster.decode()[0]));
   EXPECT_TRUE(KvFreed(survivor));
   o.leaked_blocks = KvBlocksInUse(*cluster.decode()[0]) + KvBlocksInUse(survivor);

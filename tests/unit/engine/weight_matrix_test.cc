@@ -116,24 +116,107 @@ QuantizedRows Quantize(const std::vector<float>& w, int n, int k) {
   return out;
 }
 
+// x as GemvInt8 and the int8 GEMM see it: each row rounded to 16 bits in
+// groups of 32, back in fp32.
+std::vector<float> Rounded16(const std::vector<float>& x, int m, int k) {
+  std::vector<int16_t> q(x.size());
+  std::vector<float> scales(static_cast<size_t>(m * Int8Groups(k))), out(x.size());
+  QuantizeActivations16(x.data(), m, k, q.data(), scales.data());
+  DequantizeActivations16(q.data(), scales.data(), m, k, out.data());
+  return out;
+}
+
 TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
   uint32_t seed = 100;
   for (int n : kRows) {
-    for (int k : kCols) {
+    for (int k : {1, 7, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 777}) {
       const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
       const std::vector<float> x = Normal(k, ++seed);
       const QuantizedRows wq = Quantize(w, n, k);
-      const Reference ref = Exact(wq.values, x, 1, n, k);
+      Int16Activations xq;
+      QuantizeActivations(x.data(), k, xq);
+      const Reference ref = Exact(wq.values, Rounded16(x, 1, k), 1, n, k);
       for (Isa isa : IsasHere()) {
         std::vector<float> y(n);
-        GemvInt8(wq.q.data(), wq.scales.data(), x.data(), y.data(), n, k, isa);
+        GemvInt8(wq.q.data(), wq.scales.data(), xq, y.data(), n, k, isa);
         for (int r = 0; r < n; ++r) {
           // Scale products add one fp32 rounding per group to the bound.
           EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
-              << IsaName(isa) << " " << n << "x" << k << " row " << r;
+              << IsaName(isa) << (HasAvx512Vnni() ? " (vnni) " : " ") << n << "x" << k << " row "
+              << r;
         }
       }
     }
+  }
+}
+
+// The extremes of both operands: weights of +-127 (and the -128 no quantizer
+// writes) against activations of +-32767, whose hi bytes are the largest the
+// VNNI kernel's flipped products and shift see. Integer sums must be exact.
+TEST(GemvTest, Int8ExtremeValuesAreExact) {
+  for (int k : {32, 64, 96, 128, 200}) {
+    const int n = 8;
+    std::vector<int8_t> q(static_cast<size_t>(n) * k);
+    std::vector<float> scales(static_cast<size_t>(n * Int8Groups(k)), 1.0f);
+    std::vector<float> x(k);
+    for (int i = 0; i < k; ++i) x[i] = (i % 3 == 0) ? -1.0f : 1.0f;
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < k; ++i) {
+        const int8_t v = r == 0            ? 127
+                         : r == 1          ? -127
+                         : r == 2          ? -128
+                         : (i * 7 + r) % 2 ? 127
+                                           : -128;
+        q[static_cast<size_t>(r) * k + i] = r == 3 ? static_cast<int8_t>(x[i] > 0 ? 127 : -128) : v;
+      }
+    }
+    Int16Activations xq;
+    QuantizeActivations(x.data(), k, xq);
+    for (int i = 0; i < k; ++i) ASSERT_EQ(xq.q[i], x[i] > 0 ? 32767 : -32767);
+    for (int r = 0; r < n; ++r) {
+      double expect = 0;  // integer dot times the activation scale 1 / 32767
+      for (int i = 0; i < k; ++i) {
+        expect += q[static_cast<size_t>(r) * k + i] * static_cast<double>(xq.q[i]);
+      }
+      expect *= xq.scales[0];
+      for (Isa isa : IsasHere()) {
+        float y = 0;
+        GemvInt8(&q[static_cast<size_t>(r) * k], scales.data(), xq, &y, 1, k, isa);
+        EXPECT_NEAR(y, expect, 1e-6 * std::max(1.0, std::abs(expect)))
+            << IsaName(isa) << " k " << k << " row " << r;
+      }
+    }
+  }
+}
+
+// The 16-bit rounding: within half a step (max |x| / 32767 / 2) of x, and
+// hi / lo / hi_bias / lane_scale consistent with q, padding zero after a
+// longer vector.
+TEST(GemvTest, QuantizeActivations16RoundsAndSplits) {
+  Int16Activations xq;
+  const std::vector<float> long_x = Normal(300, 170);
+  std::vector<float> x = Normal(70, 171);
+  x[40] = 1000.0f;  // an outlier owns its group
+  QuantizeActivations(long_x.data(), 300, xq);
+  QuantizeActivations(x.data(), 70, xq);
+  ASSERT_EQ(xq.k, 70);
+  ASSERT_EQ(xq.q.size(), 128u);
+  ASSERT_EQ(xq.scales.size(), 3u);
+  ASSERT_EQ(xq.hi_bias.size(), 32u);
+  for (int i = 0; i < 128; ++i) {
+    if (i >= 70) {
+      EXPECT_EQ(xq.q[i], 0) << i;
+    }
+    EXPECT_EQ(256 * xq.hi[i] + xq.lo[i], xq.q[i]) << i;
+    if (i < 70) {
+      EXPECT_LE(std::abs(xq.q[i] * xq.scales[i / 32] - x[i]), xq.scales[i / 32] * 0.5f * 1.0001f)
+          << i;
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int8_t* v = &xq.hi[4 * lane];
+    EXPECT_EQ(xq.hi_bias[lane], -128 * (v[0] + v[1] + v[2] + v[3])) << lane;
+    EXPECT_EQ(xq.lane_scale[lane], 4 * lane < 70 ? xq.scales[4 * lane / 32] : 0.0f) << lane;
   }
 }
 
@@ -234,8 +317,38 @@ TEST(QuantizeInt8Test, EveryIsaGivesTheBitsOfTheDefinition) {
   }
 }
 
+// QuantizeActivations16 (vectorised where the CPU allows) gives the bits of
+// its definition: scale max |x| / 32767 per group, x / scale rounded to
+// nearest even, clamped.
+TEST(QuantizeActivations16Test, GivesTheBitsOfTheDefinition) {
+  for (int k : {5, 32, 77, 768}) {
+    const int m = 3;
+    std::vector<float> x = Normal(m * k, 18 + k);
+    for (int i = 0; i < std::min(k, 32); ++i) x[i] = 0.0f;  // an all-zero group
+    x[m * k - 1] = -3.0e4f;                                 // a large value owns its group
+    std::vector<int16_t> q(x.size());
+    std::vector<float> scales(static_cast<size_t>(m * Int8Groups(k)));
+    QuantizeActivations16(x.data(), m, k, q.data(), scales.data());
+    for (int r = 0; r < m; ++r) {
+      for (int64_t g = 0; g < Int8Groups(k); ++g) {
+        const int begin = static_cast<int>(g * 32), end = std::min<int>(k, begin + 32);
+        float max_abs = 0;
+        for (int i = begin; i < end; ++i) max_abs = std::max(max_abs, std::abs(x[r * k + i]));
+        const float scale = max_abs / 32767.0f;
+        ASSERT_EQ(scales[r * Int8Groups(k) + g], scale) << k << " " << r << " " << g;
+        for (int i = begin; i < end; ++i) {
+          const float v = scale > 0 ? std::nearbyint(x[r * k + i] / scale) : 0.0f;
+          ASSERT_EQ(q[r * k + i], static_cast<int16_t>(std::clamp(v, -32767.0f, 32767.0f)))
+              << k << " " << r << " " << i;
+        }
+      }
+    }
+  }
+}
+
 // The stored matrix through WeightMatrix::MatMul (GEMV at m == 1, blocked
-// sgemm otherwise, 1 and 2 threads) gives the product of its own values.
+// sgemm otherwise, 1 and 2 threads) gives the product of its own values (and
+// for int8, of x rounded to 16 bits).
 TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
   uint32_t seed = 200;
   for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
@@ -249,7 +362,8 @@ TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
           ASSERT_EQ(mat.cols(), k);
           std::vector<float> stored(w.size());
           mat.RowsToFloat(0, n, stored.data());
-          const Reference ref = Exact(stored, x, m, n, k);
+          const Reference ref =
+              Exact(stored, dtype == WeightDtype::kInt8 ? Rounded16(x, m, k) : x, m, n, k);
           for (int threads : {1, 2}) {
             std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
             mat.MatMul(x.data(), y.data(), m, threads);
@@ -295,8 +409,10 @@ TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
               x_max = std::max(x_max, std::abs(xi[c]));
             }
             for (int c = begin; c < end; ++c) {
-              bound += std::abs(double{xi[c]}) * (w_max / 127) / 2;
-              if (w8a8) bound += std::abs(double{stored[int64_t{r} * k + c]}) * (x_max / 127) / 2;
+              // int8 rounds x to 16 bits (max / 32767), w8a8 to 8 (max / 127).
+              bound +=
+                  std::abs(double{xi[c]}) * (w_max / 127) / 2 +
+                  std::abs(double{stored[int64_t{r} * k + c]}) * (x_max / (w8a8 ? 127 : 32767)) / 2;
             }
           }
           const int64_t at = int64_t{i} * n + r;
@@ -312,27 +428,34 @@ TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
   }
 }
 
-// w8a8 through WeightMatrix::MatMul: the GEMV (m == 1) and the GEMM (m > 1)
-// both give the product of the stored weights and the rounded activations.
-TEST(WeightMatrixTest, W8A8MatMulMatchesItsRoundedValues) {
+// int8 and w8a8 through WeightMatrix::MatMul: the GEMV (m == 1) and the GEMM
+// (m > 1) both give the product of the stored weights and the rounded
+// activations (16-bit for int8, 8-bit for w8a8).
+TEST(WeightMatrixTest, Int8MatMulMatchesItsRoundedValues) {
   uint32_t seed = 250;
-  for (int m : {1, 2, 17}) {
-    for (int n : {1, 7, 64, 131}) {
-      for (int k : {1, 13, 96, 777}) {
-        const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
-        const std::vector<float> x = Normal(int64_t{m} * k, ++seed);
-        const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, WeightDtype::kW8A8);
-        ASSERT_EQ(mat.storage(), WeightMatrix::Storage::kInt8);
-        ASSERT_TRUE(mat.quantize_activations());
-        std::vector<float> stored(w.size());
-        mat.RowsToFloat(0, n, stored.data());
-        const Reference ref = Exact(stored, RoundedActivations(x, m, k), m, n, k);
-        for (int threads : {1, 2}) {
-          std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
-          mat.MatMul(x.data(), y.data(), m, threads);
-          for (size_t i = 0; i < y.size(); ++i) {
-            ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
-                << "m " << m << " n " << n << " k " << k << " threads " << threads << " at " << i;
+  for (WeightDtype dtype : {WeightDtype::kInt8, WeightDtype::kW8A8}) {
+    for (int m : {1, 2, 17}) {
+      for (int n : {1, 7, 64, 131}) {
+        for (int k : {1, 13, 96, 777}) {
+          const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+          const std::vector<float> x = Normal(int64_t{m} * k, ++seed);
+          const WeightMatrix mat = WeightMatrix::FromF32(w, n, k, dtype);
+          ASSERT_EQ(mat.storage(), WeightMatrix::Storage::kInt8);
+          ASSERT_EQ(mat.quantize_activations(), dtype == WeightDtype::kW8A8);
+          std::vector<float> stored(w.size());
+          mat.RowsToFloat(0, n, stored.data());
+          const Reference ref =
+              Exact(stored,
+                    dtype == WeightDtype::kW8A8 ? RoundedActivations(x, m, k) : Rounded16(x, m, k),
+                    m, n, k);
+          for (int threads : {1, 2}) {
+            std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
+            mat.MatMul(x.data(), y.data(), m, threads);
+            for (size_t i = 0; i < y.size(); ++i) {
+              ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
+                  << WeightDtypeName(dtype) << " m " << m << " n " << n << " k " << k << " threads "
+                  << threads << " at " << i;
+            }
           }
         }
       }
@@ -354,7 +477,8 @@ TEST(WeightMatrixTest, LargeMatricesOnAWorkPoolMatchTheirValues) {
     mat.RowsToFloat(0, n, stored.data());
     const Reference ref = dtype == WeightDtype::kW8A8
                               ? Exact(stored, RoundedActivations(x, 1, k), 1, n, k)
-                              : Exact(stored, x, 1, n, k);
+                          : dtype == WeightDtype::kInt8 ? Exact(stored, Rounded16(x, 1, k), 1, n, k)
+                                                        : Exact(stored, x, 1, n, k);
     for (WorkPool* p : {&pool, static_cast<WorkPool*>(nullptr)}) {
       std::vector<float> y(static_cast<size_t>(n), std::nanf(""));
       mat.MatMul(x.data(), y.data(), 1, 2, p);

@@ -251,7 +251,9 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
     auto ticket =
         prefill->Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
     ASSERT_TRUE(ticket.ok());
-    Await(**ticket);
+    // The prefill's own outcome may go either way (its compute can finish
+    // before the refusal arrives); the decode side's error is what counts.
+    static_cast<void>(Await(**ticket));
   }
   Drained d = Drain(**stream);
   EXPECT_FALSE(d.error.ok());

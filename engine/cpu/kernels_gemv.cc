@@ -296,22 +296,23 @@ PDSERVE_AVX512 void QuantizeGroupsAvx512(const float* w, int64_t n, int64_t k, f
 // starts at x.lane_bias = -128 * (sum of its 4 activations): the lane then
 // holds the exact sum of its 4 products. A 64-byte chunk is two groups:
 // lanes 0-7 the first, 8-15 the second; each lane's sum is converted to fp32
-// and scaled by (weight scale * activation scale) of its group.
+// and scaled by (weight scale * activation scale) of its group, computed
+// once per four groups and spread over the lanes by a permute.
 // Bytes ahead of the current chunk GemvVnni prefetches.
 constexpr int kInt8ActPrefetch = 4096;
 
 #define PDSERVE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 // acc + (weight chunk c of `row`, loaded under `mask`) . (chunk c of x) * sw
-// * (x's lane scales), as described above.
+// (per lane: weight scale * activation scale of its group), as described
+// above.
 PDSERVE_AVX512_VNNI inline __m512 ActChunk(const int8_t* row, const Int8Activations& x, int c,
                                            __mmask64 mask, __m512 sw, __m512 acc) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, row + 64 * c), flip);
   const __m512i sums = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.lane_bias.data() + 16 * c), wu,
                                            _mm512_loadu_si512(x.q.data() + 64 * c));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums),
-                         _mm512_mul_ps(sw, _mm512_loadu_ps(x.lane_scale.data() + 16 * c)), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), sw, acc);
 }
 
 // GemvInt8 with AVX-512 VNNI. An activation is q = 256 * hi + lo (hi signed,
@@ -331,8 +332,7 @@ PDSERVE_AVX512_VNNI inline __m512 ActChunk(const int8_t* row, const Int16Activat
                           _mm512_loadu_si512(x.hi.data() + 64 * c));
   sums =
       _mm512_dpbusd_epi32(_mm512_slli_epi32(sums, 8), _mm512_loadu_si512(x.lo.data() + 64 * c), w);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums),
-                         _mm512_mul_ps(sw, _mm512_loadu_ps(x.lane_scale.data() + 16 * c)), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), sw, acc);
 }
 
 // y[r] for n rows of int8 weights against x (Int8Activations for
@@ -360,7 +360,9 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
       _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch + 64,
                    _MM_HINT_T0);
-      const __m512 s4 = _mm512_castps128_ps512(_mm_loadu_ps(s + 2 * c));
+      // The four groups' (weight scale * activation scale).
+      const __m512 s4 = _mm512_castps128_ps512(
+          _mm_mul_ps(_mm_loadu_ps(s + 2 * c), _mm_loadu_ps(x.scales.data() + 2 * c)));
       acc0 = ActChunk(row, x, c, ~__mmask64{0}, _mm512_permutexvar_ps(first2, s4), acc0);
       acc1 = ActChunk(row, x, c + 1, ~__mmask64{0}, _mm512_permutexvar_ps(next2, s4), acc1);
     }
@@ -370,7 +372,9 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
       const int left = k - 64 * c;
       const __mmask64 mask = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
       const __mmask16 smask = groups - 2 * c >= 2 ? 0x3 : 0x1;
-      const __m512 s2 = _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, s + 2 * c));
+      const __m512 s2 =
+          _mm512_castps128_ps512(_mm_mul_ps(_mm_maskz_loadu_ps(smask, s + 2 * c),
+                                            _mm_maskz_loadu_ps(smask, x.scales.data() + 2 * c)));
       acc0 = ActChunk(row, x, c, mask, _mm512_permutexvar_ps(first2, s2), acc0);
     }
     y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
@@ -433,17 +437,13 @@ void QuantizeInt8(const float* w, int64_t n, int64_t k, int8_t* q, float* scales
   QuantizeGroups(w, n, k, 127.0f, q, scales);
 }
 
-// Per 4 values ("lane") of signed bytes v[0, padded): -128 * their sum (the
-// VNNI kernels' start for unsigned-times-signed products) and the scale of
-// their group (0 past k).
-void FillLanes(const int8_t* v, const float* scales, int k, size_t padded,
-               AlignedVector<int32_t>& bias, AlignedVector<float>& lane_scale) {
+// Per 4 values ("lane") of signed bytes v[0, padded): -128 * their sum, the
+// VNNI kernels' start for unsigned-times-signed products.
+void FillLaneBias(const int8_t* v, size_t padded, AlignedVector<int32_t>& bias) {
   bias.resize(padded / 4);
-  lane_scale.resize(padded / 4);
   for (size_t lane = 0; lane < padded / 4; ++lane) {
     const int8_t* l = v + 4 * lane;
     bias[lane] = -128 * (l[0] + l[1] + l[2] + l[3]);
-    lane_scale[lane] = 4 * lane < static_cast<size_t>(k) ? scales[4 * lane / kInt8Group] : 0;
   }
 }
 
@@ -461,7 +461,7 @@ size_t QuantizePadded(const float* x, int k, float limit, Activations& out) {
 
 void QuantizeActivations(const float* x, int k, Int8Activations& out) {
   const size_t padded = QuantizePadded(x, k, 127.0f, out);
-  FillLanes(out.q.data(), out.scales.data(), k, padded, out.lane_bias, out.lane_scale);
+  FillLaneBias(out.q.data(), padded, out.lane_bias);
 }
 
 void QuantizeActivations16(const float* x, int m, int k, int16_t* q, float* scales) {
@@ -476,7 +476,7 @@ void QuantizeActivations(const float* x, int k, Int16Activations& out) {
     out.hi[i] = static_cast<int8_t>(out.q[i] >> 8);  // arithmetic: q = 256 * hi + lo
     out.lo[i] = static_cast<uint8_t>(out.q[i] & 0xff);
   }
-  FillLanes(out.hi.data(), out.scales.data(), k, padded, out.hi_bias, out.lane_scale);
+  FillLaneBias(out.hi.data(), padded, out.hi_bias);
 }
 
 void DequantizeActivations16(const int16_t* q, const float* scales, int64_t m, int64_t k,

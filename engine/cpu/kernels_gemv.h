@@ -74,7 +74,6 @@ struct Int8Activations {
   AlignedVector<int8_t> q;           // [padded k]
   AlignedVector<float> scales;       // [Int8Groups(k)]
   AlignedVector<int32_t> lane_bias;  // [padded k / 4]: -128 * (sum of the lane's 4 q)
-  AlignedVector<float> lane_scale;   // [padded k / 4]: the scale of the lane's group
 };
 // Fills `out` from x[0, k), k >= 1.
 void QuantizeActivations(const float* x, int k, Int8Activations& out);
@@ -88,17 +87,15 @@ void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, Isa isa
 // a rounding 258 times finer than the weights' (max / 127), so the error
 // stays the weights'; the dot products are then exact integer sums. Besides
 // q, what the AVX-512 VNNI kernel reads: q = 256 * hi + lo (hi signed, lo
-// unsigned) and per 4 values ("lane") -128 * (sum of their hi) and their
-// group's scale. Arrays are padded with zeros to a multiple of 64 values.
-// Reused across calls.
+// unsigned) and per 4 values ("lane") -128 * (sum of their hi). Arrays
+// are padded with zeros to a multiple of 64 values. Reused across calls.
 struct Int16Activations {
   int k = 0;
-  AlignedVector<int16_t> q;         // [padded k]
-  AlignedVector<float> scales;      // [Int8Groups(k)]
-  AlignedVector<int8_t> hi;         // [padded k]: q >> 8
-  AlignedVector<uint8_t> lo;        // [padded k]: q & 0xff
-  AlignedVector<int32_t> hi_bias;   // [padded k / 4]
-  AlignedVector<float> lane_scale;  // [padded k / 4]
+  AlignedVector<int16_t> q;        // [padded k]
+  AlignedVector<float> scales;     // [Int8Groups(k)]
+  AlignedVector<int8_t> hi;        // [padded k]: q >> 8
+  AlignedVector<uint8_t> lo;       // [padded k]: q & 0xff
+  AlignedVector<int32_t> hi_bias;  // [padded k / 4]
 };
 // m rows of k values rounded as above into q (m * k) and scales
 // (m * Int8Groups(k)).

@@ -255,8 +255,8 @@ class DisaggregatedGeneration final : public frontend::Generation {
   PrefillCall* current_prefill_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool attempt_first_out_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GenerationEvent> held_ ABSL_GUARDED_BY(mu_);
-  // The reservation StartAttempt accepted and has not yet made current: its
-  // events are kept in DecodeCall::early.
+  // The decode call StartAttempt is waiting on or has accepted and not yet
+  // made current: its events are kept in DecodeCall::early.
   DecodeCall* pending_decode_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<AttemptFailure> attempt_failure_ ABSL_GUARDED_BY(mu_);
   // When the current attempt was dispatched or last relayed a token.
@@ -500,6 +500,10 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
     {
       absl::MutexLock lock(&mu_);
       decode_calls_.push_back(std::move(owned));
+      // Pending from before its first event: a worker may stream tokens
+      // right behind the reservation, before this thread wakes up to accept
+      // it, and those must be kept.
+      pending_decode_ = call;
     }
     call->Begin(orchestrator_->DecodeStub(worker.address));
     // A worker that does not answer (stopped, hung) is given up after the
@@ -520,6 +524,8 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
         pending_decode_ = call;
         break;
       }
+      pending_decode_ = nullptr;  // refused, silent or cancelled
+      call->early.clear();
       refusal = in_time ? call->status
                         : grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                        absl::StrCat("no reservation from ", worker.id, " within ",

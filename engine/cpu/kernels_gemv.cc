@@ -355,8 +355,9 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
       // This loop has so few instructions per byte that the out-of-order
       // window alone keeps too few cache misses in flight: prefetching 4 KiB
       // ahead (into L1) streamed about 25% faster in a scratch
-      // microbenchmark on the Zen 4 machine. The fp32, bf16 and weight-only
-      // int8 loops do not prefetch: there it measured neutral or slower.
+      // microbenchmark on the Zen 4 machine, for int8 and 16-bit activations
+      // alike. The fp32 and bf16 loops do not prefetch: there it measured
+      // neutral or slower.
       _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch + 64,
                    _MM_HINT_T0);

@@ -490,6 +490,20 @@ void DequantizeActivations16(const int16_t* q, const float* scales, int64_t m, i
   }
 }
 
+void RoundActivations(const float* x, int m, int k, int bits, float* out) {
+  const size_t n = static_cast<size_t>(m) * k;
+  std::vector<float> scales(static_cast<size_t>(m * Int8Groups(k)));
+  if (bits == 8) {
+    std::vector<int8_t> q(n);
+    QuantizeInt8(x, m, k, q.data(), scales.data());
+    DequantizeInt8(q.data(), scales.data(), m, k, out);
+  } else {
+    std::vector<int16_t> q(n);
+    QuantizeActivations16(x, m, k, q.data(), scales.data());
+    DequantizeActivations16(q.data(), scales.data(), m, k, out);
+  }
+}
+
 void DequantizeInt8(const int8_t* q, const float* scales, int64_t n, int64_t k, float* out) {
   const int64_t groups = Int8Groups(k);
   for (int64_t r = 0; r < n; ++r) {

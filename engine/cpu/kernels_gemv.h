@@ -105,6 +105,10 @@ void DequantizeActivations16(const int16_t* q, const float* scales, int64_t m, i
                              float* out);
 // Fills `out` from x[0, k), k >= 1.
 void QuantizeActivations(const float* x, int k, Int16Activations& out);
+// m rows of k values rounded as the int8 GEMVs round their activations
+// (bits 16: QuantizeActivations16; bits 8: QuantizeInt8), back in fp32:
+// what the GEMM of more than one row multiplies.
+void RoundActivations(const float* x, int m, int k, int bits, float* out);
 
 // int8 weights times 16-bit activations: y[r] = sum over groups g of
 // scale[r, g] * (x.scales[g] * (sum_{i in g} q[r, i] * x.q[i])), the integer

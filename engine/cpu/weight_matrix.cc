@@ -290,24 +290,13 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
   Int8Activations& x8 = x8_buffer;
   Int16Activations& x16 = x16_buffer;
   if (storage_ == Storage::kInt8) {
-    const int64_t groups = Int8Groups(k);
     if (m == 1 && quantize_activations_) {
       QuantizeActivations(x, k, x8);
     } else if (m == 1) {
       QuantizeActivations(x, k, x16);
-    } else if (quantize_activations_) {
-      x8.q.resize(static_cast<size_t>(m) * k);
-      x8.scales.resize(static_cast<size_t>(m * groups));
-      rounded_x.resize(static_cast<size_t>(m) * k);
-      QuantizeInt8(x, m, k, x8.q.data(), x8.scales.data());
-      DequantizeInt8(x8.q.data(), x8.scales.data(), m, k, rounded_x.data());
-      x = rounded_x.data();
     } else {
-      x16.q.resize(static_cast<size_t>(m) * k);
-      x16.scales.resize(static_cast<size_t>(m * groups));
       rounded_x.resize(static_cast<size_t>(m) * k);
-      QuantizeActivations16(x, m, k, x16.q.data(), x16.scales.data());
-      DequantizeActivations16(x16.q.data(), x16.scales.data(), m, k, rounded_x.data());
+      RoundActivations(x, m, k, quantize_activations_ ? 8 : 16, rounded_x.data());
       x = rounded_x.data();
     }
   }

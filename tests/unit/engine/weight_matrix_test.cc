@@ -126,19 +126,30 @@ std::vector<float> Rounded16(const std::vector<float>& x, int m, int k) {
   return out;
 }
 
-TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
-  uint32_t seed = 100;
+// x as GemvInt8Act and the w8a8 GEMM see it: each row rounded to int8 in
+// groups of 32, back in fp32.
+std::vector<float> RoundedActivations(const std::vector<float>& x, int m, int k) {
+  return Quantize(x, m, k).values;
+}
+
+// int8 rows times x quantized as `Activations` by `gemv` (GemvInt8 or
+// GemvInt8Act), on every ISA and on rows with every kind of tail, against
+// the exact product of the stored weights and x as `rounded` gives it.
+template <typename Activations, typename Gemv>
+void ExpectInt8GemvMatchesRoundedValues(uint32_t seed, Gemv gemv,
+                                        std::vector<float> (*rounded)(const std::vector<float>&,
+                                                                      int, int)) {
   for (int n : kRows) {
     for (int k : {1, 7, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 777}) {
       const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
       const std::vector<float> x = Normal(k, ++seed);
       const QuantizedRows wq = Quantize(w, n, k);
-      Int16Activations xq;
+      Activations xq;
       QuantizeActivations(x.data(), k, xq);
-      const Reference ref = Exact(wq.values, Rounded16(x, 1, k), 1, n, k);
+      const Reference ref = Exact(wq.values, rounded(x, 1, k), 1, n, k);
       for (Isa isa : IsasHere()) {
         std::vector<float> y(n);
-        GemvInt8(wq.q.data(), wq.scales.data(), xq, y.data(), n, k, isa);
+        gemv(wq.q.data(), wq.scales.data(), xq, y.data(), n, k, isa);
         for (int r = 0; r < n; ++r) {
           // Scale products add one fp32 rounding per group to the bound.
           EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
@@ -148,6 +159,22 @@ TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
       }
     }
   }
+}
+
+TEST(GemvTest, Int8MatchesItsDequantizedValuesOnEveryIsa) {
+  ExpectInt8GemvMatchesRoundedValues<Int16Activations>(
+      100,
+      [](const int8_t* q, const float* s, const Int16Activations& x, float* y, int n, int k,
+         Isa isa) { GemvInt8(q, s, x, y, n, k, isa); },
+      Rounded16);
+}
+
+TEST(GemvTest, Int8ActMatchesItsRoundedValuesOnEveryIsa) {
+  ExpectInt8GemvMatchesRoundedValues<Int8Activations>(
+      150,
+      [](const int8_t* q, const float* s, const Int8Activations& x, float* y, int n, int k,
+         Isa isa) { GemvInt8Act(q, s, x, y, n, k, isa); },
+      RoundedActivations);
 }
 
 // The extremes of both operands: weights of +-127 (and the -128 no quantizer
@@ -216,36 +243,6 @@ TEST(GemvTest, QuantizeActivations16RoundsAndSplits) {
   for (int lane = 0; lane < 32; ++lane) {
     const int8_t* v = &xq.hi[4 * lane];
     EXPECT_EQ(xq.hi_bias[lane], -128 * (v[0] + v[1] + v[2] + v[3])) << lane;
-  }
-}
-
-// x as GemvInt8Act and the w8a8 GEMM see it: each row rounded to int8 in
-// groups of 32, back in fp32.
-std::vector<float> RoundedActivations(const std::vector<float>& x, int m, int k) {
-  return Quantize(x, m, k).values;
-}
-
-TEST(GemvTest, Int8ActMatchesItsRoundedValuesOnEveryIsa) {
-  uint32_t seed = 150;
-  for (int n : kRows) {
-    for (int k : {1, 7, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 777}) {
-      const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
-      const std::vector<float> x = Normal(k, ++seed);
-      const QuantizedRows wq = Quantize(w, n, k);
-      Int8Activations xq;
-      QuantizeActivations(x.data(), k, xq);
-      const Reference ref = Exact(wq.values, RoundedActivations(x, 1, k), 1, n, k);
-      for (Isa isa : IsasHere()) {
-        std::vector<float> y(n);
-        GemvInt8Act(wq.q.data(), wq.scales.data(), xq, y.data(), n, k, isa);
-        for (int r = 0; r < n; ++r) {
-          // The scale products add one fp32 rounding per group.
-          EXPECT_LE(std::abs(y[r] - ref.y[r]), 2 * ref.bound[r])
-              << IsaName(isa) << (HasAvx512Vnni() ? " (vnni) " : " ") << n << "x" << k << " row "
-              << r;
-        }
-      }
-    }
   }
 }
 

@@ -143,11 +143,21 @@ TEST_F(StrictnessTest, MissingBarrierReadsPoisonedSharedMemory) {
   }
 }
 
+// Static shared arrays live on across launches on each worker thread, so a
+// racy read may see the last launch's data; the racy launch therefore reads
+// different input, and any stale value (old input, or zeroes on a fresh
+// worker thread) differs from what the barrier would give.
 TEST_F(StrictnessTest, MissingBarrierOnStaticSharedMemoryGivesWrongValues) {
-  DeviceBuffer<float> in(Iota(128)), out(128);
+  std::vector<float> second = Iota(128);
+  for (float& x : second) x += 1000.0f;
+  DeviceBuffer<float> in(Iota(128)), in2(second), out(128);
   ASSERT_EQ(Launch(StaticSharedNeighbourKernel, {2, 64}, in.get(), out.get(), true), cudaSuccess);
-  const std::vector<float> good = out.Download();
-  ASSERT_EQ(Launch(StaticSharedNeighbourKernel, {2, 64}, in.get(), out.get(), false), cudaSuccess);
+  std::vector<float> good(128);
+  for (unsigned i = 0; i < 128; ++i) good[i] = second[i / 64 * 64 + (i % 64 + 1) % 64];
+  ASSERT_EQ(Launch(StaticSharedNeighbourKernel, {2, 64}, in2.get(), out.get(), true), cudaSuccess);
+  ASSERT_EQ(out.Download(), good);
+  ASSERT_EQ(Launch(StaticSharedNeighbourKernel, {2, 64}, in.get(), out.get(), true), cudaSuccess);
+  ASSERT_EQ(Launch(StaticSharedNeighbourKernel, {2, 64}, in2.get(), out.get(), false), cudaSuccess);
   EXPECT_NE(out.Download(), good);
 }
 

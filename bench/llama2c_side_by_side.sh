@@ -23,7 +23,9 @@
 # thread count, the best round of each program (as STREAM reports; on a
 # shared machine the best run is the least disturbed one); ratios are
 # against the faster llama2.c build at that thread count. The triad column
-# is pdserve_engine_bench's STREAM triad, measured in each of its runs.
+# is pdserve_engine_bench's STREAM triad, measured in each of its runs; a
+# second table gives each pdserve run's decode GB/s over that triad
+# (lowest and highest round).
 # OpenMP's wait policy is the environment's (OMP_WAIT_POLICY): spinning, the
 # default, is right on an idle machine and collapses on an oversubscribed
 # one, for both programs.
@@ -101,9 +103,9 @@ fi
 echo "greedy check: the same 32 tokens from llama2.c and pdserve (fp32)" | tee -a "$out/machine.txt"
 
 : > "$out/runs.txt"
-record() {  # round threads program tok/s [triad GB/s]
-  echo "$1 $2 $3 $4 ${5:-}" >> "$out/runs.txt"
-  echo "round $1, $2 thread(s), $3: $4 tok/s${5:+, triad $5 GB/s}"
+record() {  # round threads program tok/s [triad GB/s, decode / triad]
+  echo "$1 $2 $3 $4 ${5:-} ${6:-}" >> "$out/runs.txt"
+  echo "round $1, $2 thread(s), $3: $4 tok/s${5:+, triad $5 GB/s}${6:+, decode / triad $6}"
 }
 run_llama2c() {  # round threads binary label
   local tps
@@ -116,9 +118,9 @@ run_pdserve() {  # round threads weight_dtype
   json=$("$bin/bench/pdserve_engine_bench" --model_dir="$model" --threads="$2" --decode_only \
     --weight_dtype="$3" --context=1 --decode_steps=255 --warmup=0 --stream_mib=256 2> /dev/null |
     tail -1)
-  record "$1" "$2" "pdserve_$3" \
-    "$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["decode_b1_mean_tokens_per_s"])' "$json")" \
-    "$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["bandwidth_triad_gbs"])' "$json")"
+  field() { python3 -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$json" "$1"; }
+  record "$1" "$2" "pdserve_$3" "$(field decode_b1_mean_tokens_per_s)" \
+    "$(field bandwidth_triad_gbs)" "$(field decode_b1_bandwidth_fraction)"
 }
 for round in $(seq 1 "$rounds"); do
   for t in $threads; do
@@ -134,12 +136,15 @@ import json, statistics, sys
 out = sys.argv[1]
 runs = {}
 triad = {}
+fraction = {}  # (threads, program) -> decode GB/s / triad GB/s of each round
 for line in open(f"{out}/runs.txt"):
     parts = line.split()
     _, t, prog, tps = parts[:4]
     runs.setdefault((int(t), prog), []).append(float(tps))
     if len(parts) > 4:
         triad.setdefault(int(t), []).append(float(parts[4]))
+    if len(parts) > 5:
+        fraction.setdefault((int(t), prog), []).append(float(parts[5]))
 rows, result = [], {}
 for t in sorted({t for t, _ in runs}):
     for kind, pick in (("median", statistics.median), ("best", max)):
@@ -158,6 +163,21 @@ header = ("| threads | of rounds | llama2.c runfast tok/s | llama2.c runomp tok/
           "| pdserve bf16 | pdserve int8 | pdserve w8a8 | triad GB/s |\n"
           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 table = header + "\n" + "\n".join(rows)
+# Each pdserve run's decode GB/s (tokens/s x bytes a step reads) over the
+# triad it measured just before: the lowest and highest round.
+progs = ["pdserve_f32", "pdserve_bf16", "pdserve_int8", "pdserve_w8a8"]
+frows = []
+for t in sorted({t for t, _ in fraction}):
+    cells = []
+    for p in progs:
+        v = fraction.get((t, p))
+        cells.append(f"{min(v):.2f}-{max(v):.2f}" if v else "-")
+        if v:
+            result[t].setdefault("decode_over_triad", {})[p] = v
+    frows.append(f"| {t} | " + " | ".join(cells) + " |")
+table += ("\n\ndecode GB/s / triad GB/s, lowest-highest round:\n\n"
+          "| threads | pdserve f32 | pdserve bf16 | pdserve int8 | pdserve w8a8 |\n"
+          "| ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(frows))
 open(f"{out}/table.md", "w").write(table + "\n")
 json.dump(result, open(f"{out}/results.json", "w"), indent=2)
 print(table)

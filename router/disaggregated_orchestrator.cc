@@ -431,9 +431,17 @@ absl::Status DisaggregatedGeneration::Recover(AttemptFailure failure) {
     held_.clear();
     attempt_first_out_ = false;
     generated = generated_.size();
-    if (static_cast<int>(generated) >= job_.sampling.max_tokens) {
-      // Every token was relayed; only the finish was lost.
-      RelayLocked({.finished = true, .finish_reason = engine::FinishReason::kLength});
+    const int count = static_cast<int>(generated);
+    engine::FinishReason ended = engine::FinishReason::kNone;
+    if (options_.model != nullptr && count > 0) {
+      ended = engine::CheckFinish(*options_.model, job_.sampling, generated_.back(), count,
+                                  static_cast<int>(job_.prompt.size()) + count);
+    } else if (count >= job_.sampling.max_tokens) {
+      ended = engine::FinishReason::kLength;
+    }
+    if (ended != engine::FinishReason::kNone) {
+      // The last relayed token ended the run; only the finish was lost.
+      RelayLocked({.finished = true, .finish_reason = ended});
       return absl::OkStatus();
     }
   }

@@ -50,6 +50,12 @@ struct OrchestratorOptions {
   // does not answer, or a decode stream that relays no token for this long
   // is treated as failed. Zero: never (the request's deadline still holds).
   absl::Duration stall_timeout = absl::ZeroDuration();
+  // The served model (EOS ids, context length), outliving the orchestrator.
+  // A failure after a relayed token that ended the run (engine::CheckFinish:
+  // EOS, a stop token id, max_tokens, the context) finishes the stream with
+  // that reason instead of moving the request: only the finish was lost.
+  // Null: only a max_tokens stop is recognised.
+  const engine::ModelConfig* model = nullptr;
 };
 
 class DisaggregatedOrchestrator final : public frontend::Orchestrator {

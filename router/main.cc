@@ -118,7 +118,8 @@ int Main() {
   router::DisaggregatedOrchestrator orchestrator(
       &workers, policy->get(), &metrics,
       {.max_attempts = absl::GetFlag(FLAGS_max_attempts),
-       .stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms))});
+       .stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms)),
+       .model = &prompt_source->config});
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{

@@ -2,9 +2,9 @@
 // workers (gRPC on loopback, no model): a prefill that fails is retried with
 // a new decode reservation, a decode stream cut mid-way migrates with the
 // relayed tokens as the continuation's generated tokens (no gap, no
-// repeat), a silent stream migrates after the stall timeout, and the
-// attempts are bounded. The scripted "model" generates token 10 + i at
-// generated position i, so any gap or repeat shows in the stream.
+// repeat) unless its last token ended the run, a silent stream migrates
+// after the stall timeout, and the attempts are bounded. The scripted "model" generates token 10 +
+// i at generated position i, so any gap or repeat shows in the stream.
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -126,10 +126,13 @@ class OrchestratorFaultTest : public ::testing::Test {
     absl::Status status;
     std::vector<int32_t> tokens;
     bool finished = false;
+    engine::FinishReason finish_reason = engine::FinishReason::kNone;
   };
   // Starts a job and reads it to its end (bounded).
-  Run Generate(DisaggregatedOrchestrator& orchestrator, int max_tokens) {
+  Run Generate(DisaggregatedOrchestrator& orchestrator, int max_tokens,
+               engine::SamplingParams sampling = {}) {
     frontend::GenerationJob job{.request_id = "r", .prompt = {1, 2, 3}};
+    job.sampling = std::move(sampling);
     job.sampling.max_tokens = max_tokens;
     job.deadline = absl::Now() + absl::Seconds(20);
     Run run;
@@ -145,6 +148,7 @@ class OrchestratorFaultTest : public ::testing::Test {
       for (const auto& e : events) {
         run.tokens.insert(run.tokens.end(), e.tokens.begin(), e.tokens.end());
         run.finished |= e.finished;
+        if (e.finished) run.finish_reason = e.finish_reason;
       }
     }
     return run;
@@ -259,6 +263,56 @@ TEST_F(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
   EXPECT_EQ(std::vector<int32_t>(continuation.generated_token_ids().begin(),
                                  continuation.generated_token_ids().end()),
             Expected(4));
+}
+
+// A decode worker that dies right after relaying a token that ended the
+// run (EOS, or a stop token id of the request) lost only its finish: the
+// stream finishes with reason stop and nothing is generated past the token.
+// The cut comes after the fourth token, TokenAt(3).
+TEST_F(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
+  engine::ModelConfig model;
+  model.max_position_embeddings = 1024;
+  model.eos_token_ids = {TokenAt(3)};
+  for (bool by_eos : {true, false}) {
+    SCOPED_TRACE(by_eos ? "EOS" : "stop token id");
+    decode_fault_ = Fault::kCut;
+    decode_faults_ = 1;
+    engine::ModelConfig served = model;
+    engine::SamplingParams sampling;
+    if (!by_eos) {
+      served.eos_token_ids.clear();
+      sampling.stop_token_ids = {TokenAt(3)};
+    }
+    const int prefills_before = PrefillCalls();
+    DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_,
+                                           {.max_attempts = 3, .model = &served});
+    const Run run = Generate(orchestrator, 12, sampling);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_TRUE(run.finished);
+    EXPECT_EQ(run.finish_reason, engine::FinishReason::kStop);
+    EXPECT_EQ(run.tokens, Expected(4));
+    EXPECT_EQ(PrefillCalls(), prefills_before + 1);  // no continuation
+  }
+  EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 0);
+}
+
+// With ignore_eos the same EOS token does not end the run: the request
+// migrates and generates to max_tokens.
+TEST_F(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
+  engine::ModelConfig model;
+  model.max_position_embeddings = 1024;
+  model.eos_token_ids = {TokenAt(3)};
+  decode_fault_ = Fault::kCut;
+  decode_faults_ = 1;
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_,
+                                         {.max_attempts = 3, .model = &model});
+  engine::SamplingParams sampling;
+  sampling.ignore_eos = true;
+  const Run run = Generate(orchestrator, 12, sampling);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.finished);
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 1);
 }
 
 TEST_F(OrchestratorFaultTest, ASilentDecodeStreamMigratesAfterTheStallTimeout) {

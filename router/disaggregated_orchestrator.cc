@@ -31,8 +31,9 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
     if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
   }
 
-  void Begin(internal::v1::DecodeWorker::Stub& stub) {
-    stub.async()->Decode(&context_, &job_, this);
+  void Begin(std::shared_ptr<internal::v1::DecodeWorker::Stub> stub) {
+    stub_ = std::move(stub);
+    stub_->async()->Decode(&context_, &job_, this);
     StartRead(&event_);
     StartCall();
   }
@@ -58,6 +59,7 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
  private:
   DisaggregatedGeneration* const owner_;
   const WorkerDesc worker_;
+  std::shared_ptr<internal::v1::DecodeWorker::Stub> stub_;  // its channel, held for the call
   grpc::ClientContext context_;
   const internal::v1::DecodeJob job_;
   DecodeEvent event_;
@@ -65,6 +67,7 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
 
 // One Prefill call. Owned by its generation like a DecodeCall.
 struct PrefillCall {
+  std::shared_ptr<internal::v1::PrefillWorker::Stub> stub;  // its channel, held for the call
   grpc::ClientContext context;
   internal::v1::PrefillJob job;
   internal::v1::PrefillResult result;
@@ -623,10 +626,9 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
   }
   // A Cancel from here on reaches the call (a context cancelled before its
   // call starts cancels the call as it starts).
-  orchestrator_->PrefillStub(call->worker.address)
-      .async()
-      ->Prefill(&call->context, &call->job, &call->result,
-                [this, call](grpc::Status status) { OnPrefillDone(call, status); });
+  call->stub = orchestrator_->PrefillStub(call->worker.address);
+  call->stub->async()->Prefill(&call->context, &call->job, &call->result,
+                               [this, call](grpc::Status status) { OnPrefillDone(call, status); });
   return absl::OkStatus();
 }
 
@@ -638,20 +640,58 @@ DisaggregatedOrchestrator::DisaggregatedOrchestrator(WorkerRegistry* registry,
                                                      OrchestratorOptions options)
     : options_(options), registry_(registry), policy_(policy), metrics_(metrics) {}
 
-internal::v1::PrefillWorker::Stub& DisaggregatedOrchestrator::PrefillStub(
-    const std::string& address) {
-  absl::MutexLock lock(&stubs_mu_);
-  auto& stub = prefill_stubs_[address];
-  if (!stub) stub = internal::v1::PrefillWorker::NewStub(MakeChannel(address));
-  return *stub;
+std::set<std::string> DisaggregatedOrchestrator::LiveAddresses() {
+  std::set<std::string> live;
+  const absl::Time now = absl::Now();
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    for (const WorkerView& w : registry_->Live(role, now)) live.insert(w.desc.address);
+  }
+  return live;
 }
 
-internal::v1::DecodeWorker::Stub& DisaggregatedOrchestrator::DecodeStub(
+void DisaggregatedOrchestrator::PruneStubsLocked(const std::set<std::string>& live) {
+  const auto prune = [&live](auto& stubs) {
+    std::erase_if(stubs, [&live](const auto& entry) {
+      return entry.second.use_count() == 1 && live.count(entry.first) == 0;
+    });
+  };
+  prune(prefill_stubs_);
+  prune(decode_stubs_);
+}
+
+std::shared_ptr<internal::v1::PrefillWorker::Stub> DisaggregatedOrchestrator::PrefillStub(
     const std::string& address) {
+  {
+    absl::MutexLock lock(&stubs_mu_);
+    auto it = prefill_stubs_.find(address);
+    if (it != prefill_stubs_.end()) return it->second;
+  }
+  const std::set<std::string> live = LiveAddresses();  // outside stubs_mu_
   absl::MutexLock lock(&stubs_mu_);
+  PruneStubsLocked(live);
+  auto& stub = prefill_stubs_[address];
+  if (!stub) stub = internal::v1::PrefillWorker::NewStub(MakeChannel(address));
+  return stub;
+}
+
+std::shared_ptr<internal::v1::DecodeWorker::Stub> DisaggregatedOrchestrator::DecodeStub(
+    const std::string& address) {
+  {
+    absl::MutexLock lock(&stubs_mu_);
+    auto it = decode_stubs_.find(address);
+    if (it != decode_stubs_.end()) return it->second;
+  }
+  const std::set<std::string> live = LiveAddresses();
+  absl::MutexLock lock(&stubs_mu_);
+  PruneStubsLocked(live);
   auto& stub = decode_stubs_[address];
   if (!stub) stub = internal::v1::DecodeWorker::NewStub(MakeChannel(address));
-  return *stub;
+  return stub;
+}
+
+int DisaggregatedOrchestrator::channel_count() {
+  absl::MutexLock lock(&stubs_mu_);
+  return static_cast<int>(prefill_stubs_.size() + decode_stubs_.size());
 }
 
 absl::StatusOr<std::unique_ptr<frontend::Generation>> DisaggregatedOrchestrator::Start(

@@ -30,6 +30,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -71,8 +72,14 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   // refused the input.
   absl::StatusOr<std::unique_ptr<frontend::Generation>> Start(frontend::GenerationJob job) override;
 
-  internal::v1::PrefillWorker::Stub& PrefillStub(const std::string& address);
-  internal::v1::DecodeWorker::Stub& DecodeStub(const std::string& address);
+  // The stub (and channel) of a worker address; a call holds it until it
+  // ends. Making one for a new address first drops those of addresses no
+  // live worker has that no call holds: workers that come and go (pods
+  // restarted on new addresses) do not leave channels behind.
+  std::shared_ptr<internal::v1::PrefillWorker::Stub> PrefillStub(const std::string& address);
+  std::shared_ptr<internal::v1::DecodeWorker::Stub> DecodeStub(const std::string& address);
+  // Worker addresses with a stub held now (prefill and decode).
+  int channel_count();
   WorkerRegistry& registry() { return *registry_; }
   const RoutingPolicy* policy() const { return policy_; }
   RouterMetrics& metrics() { return *metrics_; }
@@ -84,11 +91,15 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   const RoutingPolicy* const policy_;
   RouterMetrics* const metrics_;
 
+  // Drops the stubs of addresses no live worker has and no call holds.
+  void PruneStubsLocked(const std::set<std::string>& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stubs_mu_);
+  // Addresses of the live workers of both pools.
+  std::set<std::string> LiveAddresses();
+
   absl::Mutex stubs_mu_;
-  // Never erased: calls in flight refer to them.
-  std::map<std::string, std::unique_ptr<internal::v1::PrefillWorker::Stub>> prefill_stubs_
+  std::map<std::string, std::shared_ptr<internal::v1::PrefillWorker::Stub>> prefill_stubs_
       ABSL_GUARDED_BY(stubs_mu_);
-  std::map<std::string, std::unique_ptr<internal::v1::DecodeWorker::Stub>> decode_stubs_
+  std::map<std::string, std::shared_ptr<internal::v1::DecodeWorker::Stub>> decode_stubs_
       ABSL_GUARDED_BY(stubs_mu_);
 };
 

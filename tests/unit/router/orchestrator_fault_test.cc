@@ -9,6 +9,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
@@ -327,6 +328,28 @@ TEST_F(OrchestratorFaultTest, ASilentDecodeStreamMigratesAfterTheStallTimeout) {
   EXPECT_EQ(run.tokens, Expected(12));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
   EXPECT_EQ(Series("pdserve_migrations_total{reason=\"stalled\"}"), 1);
+}
+
+// Workers that come and go on new addresses (pods restarted elsewhere) do
+// not leave their channels behind: each round serves on a fresh pair and
+// the channels of the pairs that left are dropped once no call holds them.
+TEST_F(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
+  std::vector<std::string> ids = {"prefill0", "prefill1", "decode0", "decode1"};
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(round);
+    for (const std::string& id : ids) registry_.Deregister(id);
+    prefills_.push_back(std::make_unique<FakePrefill>(&prefill_failures_));
+    decodes_.push_back(
+        std::make_unique<FakeDecode>(&decode_fault_, &decode_faults_, &decode_pause_));
+    ids = {absl::StrCat("p", round), absl::StrCat("d", round)};
+    Serve(prefills_.back().get(), Role::kPrefill, ids[0]);
+    Serve(decodes_.back().get(), Role::kDecode, ids[1]);
+    const Run run = Generate(orchestrator, 6);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.tokens, Expected(6));
+    EXPECT_EQ(orchestrator.channel_count(), 2);
+  }
 }
 
 TEST_F(OrchestratorFaultTest, AttemptsAreBounded) {

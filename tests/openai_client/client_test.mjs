@@ -83,10 +83,12 @@ out.bad_role = await error(client.chat.completions.create(
 out.unknown_model = await error(client.completions.create({ model: 'no-such-model', prompt: 'x' }));
 
 // A client that goes away mid-stream: the server must cancel the request.
+// ignore_eos (a server extension the client passes through) and a seed: a
+// sampled EOS must not end the stream before the client hangs up.
 const controller = new AbortController();
 const long = await client.chat.completions.create(
-  { model, messages: cfg.longMessages, max_tokens: cfg.longMaxTokens, temperature: 0.8,
-    stream: true }, { signal: controller.signal });
+  { model, messages: cfg.longMessages, max_tokens: cfg.longMaxTokens, temperature: 0.8, seed: 7,
+    ignore_eos: true, stream: true }, { signal: controller.signal });
 let seen = 0;
 for await (const chunk of long) {
   if (chunk.choices[0]?.delta?.content !== undefined) seen++;

@@ -7,17 +7,21 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, cluster_token_file, "",
           "File holding the cluster token that internal calls (worker registration, prefill, "
-          "decode, KV handshakes) carry and check; empty: $PDSERVE_CLUSTER_TOKEN, else none "
-          "(internal services open)");
+          "decode, KV handshakes) carry and check; several lines: the first is sent, every one "
+          "accepted (rotation); empty: $PDSERVE_CLUSTER_TOKEN, else none (internal services "
+          "open)");
 
 namespace pdserve {
 namespace {
@@ -25,9 +29,10 @@ namespace {
 constexpr absl::string_view kBearerPrefix = "Bearer ";
 constexpr absl::string_view kKvLabel = "pdserve-kv-handshake-v1";
 
-std::string& TokenStorage() {
-  static std::string* token = new std::string;
-  return *token;
+// accepted[0] is the token sent; empty: no authentication.
+std::vector<std::string>& TokenStorage() {
+  static auto* tokens = new std::vector<std::string>;
+  return *tokens;
 }
 
 std::string Sha256(absl::string_view a, absl::string_view b = {}) {
@@ -48,38 +53,62 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::string> LoadClusterToken(const std::string& token_file) {
-  std::string token;
+absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& token_file) {
+  std::vector<std::string> tokens;
   if (!token_file.empty()) {
     absl::StatusOr<std::string> text = ReadWholeFile(token_file);
     if (!text.ok()) return text.status();
-    token = std::string(absl::StripTrailingAsciiWhitespace(*text));
-    if (token.empty()) {
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      line = absl::StripAsciiWhitespace(line);
+      if (!line.empty()) tokens.emplace_back(line);
+    }
+    if (tokens.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cluster token file ", token_file, " is empty"));
     }
-    return token;
+    return tokens;
   }
   const char* env = std::getenv(kClusterTokenEnv);
-  if (env != nullptr) token = std::string(absl::StripTrailingAsciiWhitespace(env));
-  return token;
+  if (env != nullptr) {
+    const absl::string_view token = absl::StripAsciiWhitespace(env);
+    if (!token.empty()) tokens.emplace_back(token);
+  }
+  return tokens;
 }
 
 absl::Status InitClusterAuthFromFlags(const std::string& bind_host) {
-  absl::StatusOr<std::string> token = LoadClusterToken(absl::GetFlag(FLAGS_cluster_token_file));
-  if (!token.ok()) return token.status();
-  if (token->empty() && !IsLoopbackHost(bind_host)) {
+  absl::StatusOr<std::vector<std::string>> tokens =
+      LoadClusterTokens(absl::GetFlag(FLAGS_cluster_token_file));
+  if (!tokens.ok()) return tokens.status();
+  if (tokens->empty() && !IsLoopbackHost(bind_host)) {
     PDSERVE_LOG(WARNING) << "no cluster token (--cluster_token_file, $" << kClusterTokenEnv
                          << "): internal services on " << bind_host
                          << " accept calls from anyone who can reach them";
   }
-  SetClusterToken(std::move(*token));
+  if (tokens->size() > 1) {
+    PDSERVE_LOG(INFO) << "cluster token file holds " << tokens->size()
+                      << " tokens: sending the first, accepting all (rotation)";
+  }
+  SetClusterTokens(std::move(*tokens));
   return absl::OkStatus();
 }
 
-void SetClusterToken(std::string token) { TokenStorage() = std::move(token); }
+void SetClusterToken(std::string token) {
+  std::vector<std::string> tokens;
+  if (!token.empty()) tokens.push_back(std::move(token));
+  SetClusterTokens(std::move(tokens));
+}
 
-const std::string& ClusterToken() { return TokenStorage(); }
+void SetClusterTokens(std::vector<std::string> tokens) {
+  std::erase_if(tokens, [](const std::string& t) { return t.empty(); });
+  TokenStorage() = std::move(tokens);
+}
+
+const std::string& ClusterToken() {
+  static const std::string* const none = new std::string;
+  const std::vector<std::string>& tokens = TokenStorage();
+  return tokens.empty() ? *none : tokens.front();
+}
 
 bool TokensEqual(absl::string_view a, absl::string_view b) {
   const std::string da = Sha256(a);
@@ -88,18 +117,22 @@ bool TokensEqual(absl::string_view a, absl::string_view b) {
 }
 
 grpc::Status CheckClusterCredential(const grpc::ServerContext& context) {
-  const std::string& token = ClusterToken();
-  if (token.empty()) return grpc::Status::OK;
+  const std::vector<std::string>& tokens = TokenStorage();
+  if (tokens.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing cluster credential");
   }
   const absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWith(value, kBearerPrefix) ||
-      !TokensEqual(value.substr(kBearerPrefix.size()), token)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster credential");
+  bool match = false;
+  if (absl::StartsWith(value, kBearerPrefix)) {
+    // Every accepted token is compared: the time taken does not say which.
+    for (const std::string& token : tokens) {
+      match |= TokensEqual(value.substr(kBearerPrefix.size()), token);
+    }
   }
+  if (!match) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster credential");
   return grpc::Status::OK;
 }
 
@@ -110,12 +143,15 @@ std::string KvHandshakeDigest() {
 }
 
 absl::Status CheckKvHandshakeDigest(absl::string_view digest) {
-  const std::string expected = KvHandshakeDigest();
-  if (expected.empty()) return absl::OkStatus();
-  if (digest.size() != expected.size() ||
-      CRYPTO_memcmp(digest.data(), expected.data(), expected.size()) != 0) {
-    return absl::UnauthenticatedError("KV peer did not present the cluster credential");
+  const std::vector<std::string>& tokens = TokenStorage();
+  if (tokens.empty()) return absl::OkStatus();
+  bool match = false;
+  for (const std::string& token : tokens) {
+    const std::string expected = Sha256(kKvLabel, token);
+    match |= digest.size() == expected.size() &&
+             CRYPTO_memcmp(digest.data(), expected.data(), expected.size()) == 0;
   }
+  if (!match) return absl::UnauthenticatedError("KV peer did not present the cluster credential");
   return absl::OkStatus();
 }
 

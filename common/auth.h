@@ -12,10 +12,16 @@
 // The token is process-wide: set once by InitClusterAuthFromFlags (or
 // SetClusterToken in tests) before any server starts or channel is made,
 // read-only afterwards. No token = internal services are open.
+//
+// Rotation without a dip: the token file may hold several tokens, one per
+// line. A process sends the first and accepts every one, so a rollout in
+// three steps ("old\nnew", then "new\nold", then "new") never has two
+// live processes that refuse each other (docs/operations.md).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,10 +33,11 @@ namespace pdserve {
 // Name of the environment variable read when --cluster_token_file is empty.
 inline constexpr char kClusterTokenEnv[] = "PDSERVE_CLUSTER_TOKEN";
 
-// The token from `token_file` (trailing whitespace and newlines trimmed), else
-// from $PDSERVE_CLUSTER_TOKEN, else "" (no authentication). A file that is
-// named but unreadable or empty is an error, never "open".
-absl::StatusOr<std::string> LoadClusterToken(const std::string& token_file);
+// The tokens of `token_file` (one per line, surrounding whitespace trimmed,
+// blank lines skipped; the first is the one sent), else the one of
+// $PDSERVE_CLUSTER_TOKEN, else none (no authentication). A file that is
+// named but unreadable or holds no token is an error, never "open".
+absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& token_file);
 
 // Reads --cluster_token_file (and the environment), sets the process token and
 // warns when internal services bound on `bind_host` are open to a non-loopback
@@ -40,6 +47,10 @@ absl::Status InitClusterAuthFromFlags(const std::string& bind_host);
 // Sets the process token (empty: no authentication). Not thread-safe: call
 // before any server or channel exists.
 void SetClusterToken(std::string token);
+// Sets the tokens accepted, the first being the one sent (empty: no
+// authentication). Not thread-safe, as SetClusterToken.
+void SetClusterTokens(std::vector<std::string> tokens);
+// The token this process sends ("" when none).
 const std::string& ClusterToken();
 
 // True when `a` and `b` are equal; the time taken depends on neither's
@@ -47,12 +58,14 @@ const std::string& ClusterToken();
 bool TokensEqual(absl::string_view a, absl::string_view b);
 
 // OK when no token is set or `context` carries "authorization: Bearer
-// <token>"; UNAUTHENTICATED otherwise. Internal services call this first.
+// <token>" with one of the accepted tokens; UNAUTHENTICATED otherwise.
+// Internal services call this first.
 grpc::Status CheckClusterCredential(const grpc::ServerContext& context);
 
-// The credential a KV handshake header carries: 32 bytes, or "" when no token.
+// The credential a KV handshake header carries (of the token sent): 32
+// bytes, or "" when no token.
 std::string KvHandshakeDigest();
-// OK when no token is set or `digest` matches KvHandshakeDigest();
+// OK when no token is set or `digest` is that of one of the accepted tokens;
 // UNAUTHENTICATED otherwise.
 absl::Status CheckKvHandshakeDigest(absl::string_view digest);
 

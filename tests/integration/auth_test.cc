@@ -1,7 +1,8 @@
 // The authenticated control plane end to end: a cluster with a cluster token
 // and TLS on the router's client port. Unauthenticated registry calls change
 // nothing, a KV handshake without the credential is refused, a worker with the
-// wrong token stays unregistered and NOT_SERVING, and clients need TLS.
+// wrong token stays unregistered and NOT_SERVING, clients need TLS, and
+// processes in the middle of a token rotation serve together.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -227,6 +228,30 @@ TEST_F(AuthTest, WorkerWithTheWrongTokenIsNotRegisteredAndNotServing) {
   EXPECT_EQ(Health(cluster_->decode()[0]->grpc_address, ""), Status::SERVING);
   EXPECT_NE(cluster_->prefill().back()->proc.ReadLog().find("cluster credential"),
             std::string::npos);
+}
+
+// Mid-rotation (the second of its three rollouts, docs/operations.md): the
+// router and the decode worker send the new token, the prefill worker still
+// sends the old one, each accepts both. Registration, the router's calls
+// and the prefill's KV handshake to the decode worker all pass.
+TEST_F(AuthTest, ProcessesMidRotationServeTogether) {
+  const std::string w = *work_dir_ + "/rotation";
+  std::filesystem::create_directories(w);
+  WriteAll(w + "/new_first", absl::StrCat("rotated-token-0123456789\n", kToken, "\n"));
+  WriteAll(w + "/old_first", absl::StrCat(kToken, "\nrotated-token-0123456789\n"));
+  LocalCluster mixed(
+      ClusterOptions{.model_dir = *work_dir_ + "/model",
+                     .work_dir = w,
+                     .router_flags = {"--cluster_token_file=" + w + "/new_first", "--http_port=-1"},
+                     .prefill_flags = {"--cluster_token_file=" + w + "/old_first"},
+                     .decode_flags = {"--cluster_token_file=" + w + "/new_first"}});
+  absl::Status s = mixed.Start();
+  ASSERT_TRUE(s.ok()) << s;
+  auto client = v1::Generation::NewStub(
+      MakeClientChannel(mixed.router_address(), grpc::InsecureChannelCredentials()));
+  StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
+  ASSERT_TRUE(run.status.ok()) << run.status.error_message();
+  EXPECT_EQ(run.tokens.size(), 6u);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "common/grpc_util.h"
 #include "grpcpp/grpcpp.h"
@@ -33,24 +35,32 @@ TEST(AuthTest, TokensEqualComparesWholeTokens) {
   EXPECT_TRUE(TokensEqual("", ""));
 }
 
+using Tokens = std::vector<std::string>;
+
 TEST(AuthTest, LoadsTheTokenFileBeforeTheEnvironment) {
   setenv(kClusterTokenEnv, "from-env\n", 1);
-  auto from_file = LoadClusterToken(TempFile("token", "from-file \n\n"));
+  auto from_file = LoadClusterTokens(TempFile("token", "from-file \n\n"));
   ASSERT_TRUE(from_file.ok()) << from_file.status();
-  EXPECT_EQ(*from_file, "from-file");
-  auto from_env = LoadClusterToken("");
+  EXPECT_EQ(*from_file, Tokens{"from-file"});
+  auto from_env = LoadClusterTokens("");
   ASSERT_TRUE(from_env.ok());
-  EXPECT_EQ(*from_env, "from-env");
+  EXPECT_EQ(*from_env, Tokens{"from-env"});
   unsetenv(kClusterTokenEnv);
-  auto none = LoadClusterToken("");
+  auto none = LoadClusterTokens("");
   ASSERT_TRUE(none.ok());
-  EXPECT_EQ(*none, "");
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(AuthTest, ATokenFileMayHoldSeveralTokensOnePerLine) {
+  auto tokens = LoadClusterTokens(TempFile("rotation", "\n  new-token \r\n\nold-token\n"));
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (Tokens{"new-token", "old-token"}));
 }
 
 TEST(AuthTest, AnEmptyOrMissingTokenFileIsAnError) {
-  EXPECT_EQ(LoadClusterToken(TempFile("empty", " \n")).status().code(),
+  EXPECT_EQ(LoadClusterTokens(TempFile("empty", " \n")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LoadClusterToken(::testing::TempDir() + "/no/such/token").status().code(),
+  EXPECT_EQ(LoadClusterTokens(::testing::TempDir() + "/no/such/token").status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -72,6 +82,27 @@ TEST(AuthTest, KvDigestMatchesOnlyTheSameToken) {
   // No token: open.
   EXPECT_EQ(KvHandshakeDigest(), "");
   EXPECT_TRUE(CheckKvHandshakeDigest("").ok());
+}
+
+// During a rotation a process sends the first token and accepts each one:
+// peers still on the old token and peers already on the new one both pass.
+TEST(AuthTest, KvDigestOfAnyAcceptedTokenPasses) {
+  std::string old_digest, new_digest;
+  SetClusterToken("old-token");
+  old_digest = KvHandshakeDigest();
+  SetClusterToken("new-token");
+  new_digest = KvHandshakeDigest();
+  SetClusterToken("third-token");
+  const std::string other_digest = KvHandshakeDigest();
+  SetClusterTokens({"new-token", "old-token"});
+  EXPECT_EQ(ClusterToken(), "new-token");
+  EXPECT_EQ(KvHandshakeDigest(), new_digest);
+  EXPECT_TRUE(CheckKvHandshakeDigest(new_digest).ok());
+  EXPECT_TRUE(CheckKvHandshakeDigest(old_digest).ok());
+  EXPECT_EQ(CheckKvHandshakeDigest(other_digest).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(CheckKvHandshakeDigest("").code(), absl::StatusCode::kUnauthenticated);
+  SetClusterToken("");
+  EXPECT_EQ(ClusterToken(), "");
 }
 
 TEST(AuthTest, LoopbackHosts) {
@@ -116,6 +147,25 @@ TEST(AuthTest, ServicesAcceptOnlyTheBearerToken) {
   EXPECT_EQ(Call(*plain, "Bearer grpc-secre"), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Call(*plain, "Bearer grpc-secret"), grpc::StatusCode::OK);
   server->server->Shutdown();
+}
+
+TEST(AuthTest, ServicesAcceptEveryTokenOfARotation) {
+  SetClusterTokens({"new-token", "old-token"});
+  CheckingRegistry service;
+  auto server = StartGrpcServer("127.0.0.1", 0, {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = JoinHostPort("127.0.0.1", server->port);
+  auto internal = internal::v1::Registry::NewStub(MakeChannel(address));
+  EXPECT_EQ(Call(*internal, nullptr), grpc::StatusCode::OK);  // sends new-token
+  auto plain = internal::v1::Registry::NewStub(
+      MakeClientChannel(address, grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(Call(*plain, "Bearer new-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(Call(*plain, "Bearer old-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(Call(*plain, "Bearer other-token"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call(*plain, "Bearer new-tokenold-token"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call(*plain, nullptr), grpc::StatusCode::UNAUTHENTICATED);
+  server->server->Shutdown();
+  SetClusterToken("");
 }
 
 TEST(AuthTest, NoTokenLeavesServicesOpen) {

@@ -23,6 +23,16 @@ ABSL_FLAG(std::string, cluster_token_file, "",
           "accepted (rotation); empty: $PDSERVE_CLUSTER_TOKEN, else none (internal services "
           "open)");
 
+ABSL_FLAG(std::string, internal_tls_cert_file, "",
+          "PEM certificate chain this process presents on its internal ports and channels "
+          "(mutual TLS, with --internal_tls_key_file and --internal_tls_ca_file); empty: "
+          "internal gRPC in plaintext");
+ABSL_FLAG(std::string, internal_tls_key_file, "", "PEM private key of --internal_tls_cert_file");
+ABSL_FLAG(std::string, internal_tls_ca_file, "",
+          "PEM CA certificates that sign every cluster process's internal certificate");
+ABSL_FLAG(std::string, internal_tls_server_name, "pdserve-internal",
+          "Name internal certificates carry (DNS subject alternative name) and channels verify");
+
 namespace pdserve {
 namespace {
 
@@ -51,6 +61,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return ss.str();
 }
 
+InternalTls& TlsStorage() {
+  static auto* tls = new InternalTls;
+  return *tls;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& token_file) {
@@ -76,10 +91,70 @@ absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& to
   return tokens;
 }
 
+absl::StatusOr<InternalTls> LoadInternalTls(const std::string& cert_file,
+                                            const std::string& key_file, const std::string& ca_file,
+                                            const std::string& server_name) {
+  InternalTls tls;
+  const int given = !cert_file.empty() + !key_file.empty() + !ca_file.empty();
+  if (given == 0) return tls;
+  if (given != 3) {
+    return absl::InvalidArgumentError(
+        "internal TLS needs --internal_tls_cert_file, --internal_tls_key_file and "
+        "--internal_tls_ca_file together");
+  }
+  if (server_name.empty()) {
+    return absl::InvalidArgumentError("--internal_tls_server_name must not be empty");
+  }
+  for (auto [path, out] : {std::pair{&cert_file, &tls.cert_chain},
+                           std::pair{&key_file, &tls.private_key}, std::pair{&ca_file, &tls.ca}}) {
+    absl::StatusOr<std::string> text = ReadWholeFile(*path);
+    if (!text.ok()) return text.status();
+    if (absl::StripAsciiWhitespace(*text).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(*path, " is empty"));
+    }
+    *out = std::move(*text);
+  }
+  tls.server_name = server_name;
+  return tls;
+}
+
+void SetInternalTls(InternalTls tls) { TlsStorage() = std::move(tls); }
+
+const InternalTls& GetInternalTls() { return TlsStorage(); }
+
+std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
+  const InternalTls& tls = GetInternalTls();
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = tls.ca;
+  options.pem_key_cert_pairs.push_back(
+      {.private_key = tls.private_key, .cert_chain = tls.cert_chain});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> InternalChannelCredentials() {
+  const InternalTls& tls = GetInternalTls();
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = tls.ca;
+  options.pem_private_key = tls.private_key;
+  options.pem_cert_chain = tls.cert_chain;
+  return grpc::SslCredentials(options);
+}
+
 absl::Status InitClusterAuthFromFlags(const std::string& bind_host) {
   absl::StatusOr<std::vector<std::string>> tokens =
       LoadClusterTokens(absl::GetFlag(FLAGS_cluster_token_file));
   if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<InternalTls> tls = LoadInternalTls(
+      absl::GetFlag(FLAGS_internal_tls_cert_file), absl::GetFlag(FLAGS_internal_tls_key_file),
+      absl::GetFlag(FLAGS_internal_tls_ca_file), absl::GetFlag(FLAGS_internal_tls_server_name));
+  if (!tls.ok()) return tls.status();
+  if (tls->enabled()) {
+    PDSERVE_LOG(INFO) << "internal gRPC over mutual TLS (server name " << tls->server_name << ")";
+  }
+  SetInternalTls(std::move(*tls));
   if (tokens->empty() && !IsLoopbackHost(bind_host)) {
     PDSERVE_LOG(WARNING) << "no cluster token (--cluster_token_file, $" << kClusterTokenEnv
                          << "): internal services on " << bind_host

@@ -39,9 +39,10 @@ inline constexpr char kClusterTokenEnv[] = "PDSERVE_CLUSTER_TOKEN";
 // named but unreadable or holds no token is an error, never "open".
 absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& token_file);
 
-// Reads --cluster_token_file (and the environment), sets the process token and
-// warns when internal services bound on `bind_host` are open to a non-loopback
-// address. A bad token file is an error: the process must not start open.
+// Reads --cluster_token_file (and the environment) and the --internal_tls_*
+// flags, sets the process token and internal TLS, and warns when internal
+// services bound on `bind_host` are open to a non-loopback address. A bad
+// token file or TLS file is an error: the process must not start open.
 absl::Status InitClusterAuthFromFlags(const std::string& bind_host);
 
 // Sets the process token (empty: no authentication). Not thread-safe: call
@@ -71,6 +72,38 @@ absl::Status CheckKvHandshakeDigest(absl::string_view digest);
 
 // Whether `host` is a loopback bind address (127.x, ::1, localhost).
 bool IsLoopbackHost(const std::string& host);
+
+// Mutual TLS on the internal ports (opt-in): every internal gRPC server (the
+// router's registry port, the workers' ports, the NCCL transport's control
+// port) presents `cert` and requires a client certificate signed by `ca`;
+// every internal channel (MakeChannel) presents `cert` and verifies the
+// server's against `ca` under the name `server_name` (the certificates carry
+// it as a DNS subject alternative name, so they need not name pod
+// addresses). The cluster token is still sent and checked. The KV data port
+// (TCP transport) stays plaintext; its handshake carries the token digest.
+struct InternalTls {
+  std::string cert_chain;   // PEM
+  std::string private_key;  // PEM
+  std::string ca;           // PEM roots that sign every process's certificate
+  std::string server_name = "pdserve-internal";
+  bool enabled() const { return !cert_chain.empty(); }
+};
+// From --internal_tls_cert_file, --internal_tls_key_file and
+// --internal_tls_ca_file: all three or none (disabled); INVALID_ARGUMENT when
+// only some are given or a file is unreadable or empty.
+absl::StatusOr<InternalTls> LoadInternalTls(const std::string& cert_file,
+                                            const std::string& key_file, const std::string& ca_file,
+                                            const std::string& server_name);
+// Sets the process's internal TLS; like SetClusterToken, before any server
+// or channel exists.
+void SetInternalTls(InternalTls tls);
+const InternalTls& GetInternalTls();
+// What an internal server's port uses: mutual TLS when enabled, else
+// plaintext.
+std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials();
+// What an internal channel uses: TLS with this process's certificate when
+// enabled (the target name set by MakeChannel), else plaintext.
+std::shared_ptr<grpc::ChannelCredentials> InternalChannelCredentials();
 
 // TLS credentials for a server from PEM files; insecure credentials when both
 // paths are empty; INVALID_ARGUMENT when only one is given or a file is unreadable.

@@ -67,7 +67,8 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(
   for (grpc::Service* service : services) builder.RegisterService(service);
   handle.server = builder.BuildAndStart();
   if (handle.server == nullptr || handle.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot start gRPC server on ", JoinHostPort(host, port)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot start gRPC server on ", JoinHostPort(host, port)));
   }
   grpc::HealthCheckServiceInterface* health = handle.server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(kLivenessService, true);
@@ -104,11 +105,14 @@ std::string JoinHostPort(const std::string& host, int port) {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   const std::string& token = ClusterToken();
-  if (token.empty()) return MakeClientChannel(address, grpc::InsecureChannelCredentials());
+  const InternalTls& tls = GetInternalTls();
+  grpc::ChannelArguments args = ChannelArgs();
+  if (tls.enabled()) args.SetSslTargetNameOverride(tls.server_name);
+  if (token.empty()) return grpc::CreateCustomChannel(address, InternalChannelCredentials(), args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, grpc::InsecureChannelCredentials(), ChannelArgs(), std::move(interceptors));
+      address, InternalChannelCredentials(), args, std::move(interceptors));
 }
 
 std::shared_ptr<grpc::Channel> MakeClientChannel(

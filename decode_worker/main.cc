@@ -135,7 +135,8 @@ int Main() {
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics);
   decode::DecodeService service(engine.get());
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
+  auto grpc_server =
+      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
@@ -160,8 +161,9 @@ int Main() {
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
-    registrar =
-        std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
+    registrar = std::make_unique<WorkerRegistrar>(
+        absl::GetFlag(FLAGS_router), info,
+        [&engine, &service] {
           decode::DecodeLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
@@ -169,7 +171,8 @@ int Main() {
           out.set_total_kv_blocks(load.total_blocks);
           out.set_draining(service.draining());
           return out;
-        }, on_registered);
+        },
+        on_registered);
   }
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),

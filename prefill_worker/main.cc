@@ -132,7 +132,8 @@ int Main() {
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
   prefill::PrefillService service(engine.get(), sender->get());
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
+  auto grpc_server =
+      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
@@ -155,8 +156,9 @@ int Main() {
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
-    registrar =
-        std::make_unique<WorkerRegistrar>(absl::GetFlag(FLAGS_router), info, [&engine, &service] {
+    registrar = std::make_unique<WorkerRegistrar>(
+        absl::GetFlag(FLAGS_router), info,
+        [&engine, &service] {
           prefill::PrefillLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_queued_prompt_tokens(load.queued_tokens);
@@ -165,7 +167,8 @@ int Main() {
                                                     load.cached_block_hashes.end());
           out.set_draining(service.draining());
           return out;
-        }, on_registered);
+        },
+        on_registered);
   }
 
   AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port());

@@ -134,8 +134,8 @@ int Main() {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
   }
-  auto internal_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_internal_port), {&registry_service});
+  auto internal_server = StartGrpcServer(host, absl::GetFlag(FLAGS_internal_port),
+                                         {&registry_service}, InternalServerCredentials());
   if (!internal_server.ok()) {
     PDSERVE_LOG(ERROR) << internal_server.status();
     return 1;

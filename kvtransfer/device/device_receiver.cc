@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<DeviceKvReceiver>> DeviceKvReceiver::Create(
   if (!device.ok()) return device.status();
   auto receiver = std::make_unique<DeviceKvReceiver>(Private{}, regions, std::move(options),
                                                      std::move(*device));
-  absl::StatusOr<GrpcServerHandle> server = StartGrpcServer(bind_host, port, {receiver.get()});
+  absl::StatusOr<GrpcServerHandle> server =
+      StartGrpcServer(bind_host, port, {receiver.get()}, InternalServerCredentials());
   if (!server.ok()) return server.status();
   receiver->server_ = std::move(server->server);
   receiver->endpoint_ = absl::StrCat(

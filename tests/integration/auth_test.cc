@@ -1,8 +1,11 @@
 // The authenticated control plane end to end: a cluster with a cluster token
 // and TLS on the router's client port. Unauthenticated registry calls change
 // nothing, a KV handshake without the credential is refused, a worker with the
-// wrong token stays unregistered and NOT_SERVING, clients need TLS, and
-// processes in the middle of a token rotation serve together.
+// wrong token stays unregistered and NOT_SERVING, clients need TLS,
+// processes in the middle of a token rotation serve together, and mutual TLS
+// on the internal ports keeps out peers without the cluster's certificate.
+#include "common/auth.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -252,6 +255,106 @@ TEST_F(AuthTest, ProcessesMidRotationServeTogether) {
   StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
   ASSERT_TRUE(run.status.ok()) << run.status.error_message();
   EXPECT_EQ(run.tokens.size(), 6u);
+}
+
+// Writes, under `dir`, a CA (`ca.pem`) and a certificate for the internal
+// server name signed by it (`node.pem`, `node.key`), usable as server and
+// client certificate. Returns false (with the log) when openssl fails.
+bool MakeInternalCertificates(const std::string& dir, std::string* log) {
+  std::filesystem::create_directories(dir);
+  WriteAll(dir + "/ext.cnf",
+           "subjectAltName=DNS:pdserve-internal\nextendedKeyUsage=serverAuth,clientAuth\n");
+  const std::string cmd = absl::StrCat(
+      "cd ", dir, " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca ",
+      "-keyout ca.key -out ca.pem && openssl req -newkey rsa:2048 -nodes ",
+      "-subj /CN=pdserve-internal -keyout node.key -out node.csr && openssl x509 -req ",
+      "-in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf ",
+      "-out node.pem");
+  const int rc = std::system((cmd + " > " + dir + "/openssl.log 2>&1").c_str());
+  *log = ReadAll(dir + "/openssl.log");
+  return rc == 0;
+}
+
+std::vector<std::string> InternalTlsFlags(const std::string& dir) {
+  return {"--internal_tls_cert_file=" + dir + "/node.pem",
+          "--internal_tls_key_file=" + dir + "/node.key",
+          "--internal_tls_ca_file=" + dir + "/ca.pem"};
+}
+
+// A health check of `address` over `credentials` (target name
+// pdserve-internal): the call's status.
+grpc::Status HealthCall(const std::string& address,
+                        std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("pdserve-internal");
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateCustomChannel(address, std::move(credentials), args));
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  return stub->Check(&ctx, {}, &resp);
+}
+
+// Mutual TLS on the internal ports: the cluster serves, the workers' ports
+// refuse plaintext and TLS without a client certificate of the cluster's
+// CA, and a worker whose certificate another CA signed is never registered.
+TEST_F(AuthTest, InternalPortsOverMutualTls) {
+  const std::string w = *work_dir_ + "/internal_tls";
+  std::string log;
+  ASSERT_TRUE(MakeInternalCertificates(w + "/pki", &log)) << log;
+  ASSERT_TRUE(MakeInternalCertificates(w + "/other_pki", &log)) << log;
+  std::vector<std::string> flags = InternalTlsFlags(w + "/pki");
+  flags.push_back("--cluster_token_file=" + *work_dir_ + "/token");
+  std::vector<std::string> router_flags = flags;
+  router_flags.push_back("--http_port=-1");
+  LocalCluster cluster(ClusterOptions{.model_dir = *work_dir_ + "/model",
+                                      .work_dir = w,
+                                      .router_flags = router_flags,
+                                      .prefill_flags = flags,
+                                      .decode_flags = flags});
+  absl::Status s = cluster.Start();
+  ASSERT_TRUE(s.ok()) << s;
+  auto client = v1::Generation::NewStub(
+      MakeClientChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
+  StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
+  ASSERT_TRUE(run.status.ok()) << run.status.error_message();
+  EXPECT_EQ(run.tokens.size(), 6u);
+
+  const std::string worker = cluster.prefill()[0]->grpc_address;
+  EXPECT_FALSE(HealthCall(worker, grpc::InsecureChannelCredentials()).ok());
+  grpc::SslCredentialsOptions no_client_cert;
+  no_client_cert.pem_root_certs = ReadAll(w + "/pki/ca.pem");
+  EXPECT_FALSE(HealthCall(worker, grpc::SslCredentials(no_client_cert)).ok());
+  grpc::SslCredentialsOptions member = no_client_cert;
+  member.pem_private_key = ReadAll(w + "/pki/node.key");
+  member.pem_cert_chain = ReadAll(w + "/pki/node.pem");
+  const grpc::Status ok = HealthCall(worker, grpc::SslCredentials(member));
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  grpc::SslCredentialsOptions stranger = member;
+  stranger.pem_private_key = ReadAll(w + "/other_pki/node.key");
+  stranger.pem_cert_chain = ReadAll(w + "/other_pki/node.pem");
+  EXPECT_FALSE(HealthCall(worker, grpc::SslCredentials(stranger)).ok());
+  // The router's registry port refuses plaintext too.
+  EXPECT_FALSE(
+      HealthCall(cluster.router_internal_address(), grpc::InsecureChannelCredentials()).ok());
+
+  // A worker with the right token but another CA's certificate.
+  std::vector<std::string> stranger_flags = InternalTlsFlags(w + "/other_pki");
+  stranger_flags.push_back("--cluster_token_file=" + *work_dir_ + "/token");
+  ASSERT_TRUE(cluster.AddPrefill(stranger_flags).ok());
+  absl::SleepFor(absl::Seconds(1.5));
+  auto metrics = HttpGet(cluster.router_metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(MetricValue(*metrics, "pdserve_pool_workers{pool=\"prefill\"}"), 1);
+}
+
+TEST(InternalTlsFlagsTest, AllThreeFilesOrNone) {
+  EXPECT_FALSE(LoadInternalTls("", "", "", "pdserve-internal")->enabled());
+  EXPECT_EQ(LoadInternalTls("cert.pem", "", "", "pdserve-internal").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string missing = ::testing::TempDir() + "/no/such.pem";
+  EXPECT_EQ(LoadInternalTls(missing, missing, missing, "pdserve-internal").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

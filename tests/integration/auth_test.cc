@@ -233,6 +233,17 @@ TEST_F(AuthTest, WorkerWithTheWrongTokenIsNotRegisteredAndNotServing) {
             std::string::npos);
 }
 
+// Starts `cluster` and streams 6 tokens through its plaintext client port.
+void StartAndGenerate(LocalCluster& cluster) {
+  absl::Status s = cluster.Start();
+  ASSERT_TRUE(s.ok()) << s;
+  auto client = v1::Generation::NewStub(
+      MakeClientChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
+  StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
+  ASSERT_TRUE(run.status.ok()) << run.status.error_message();
+  EXPECT_EQ(run.tokens.size(), 6u);
+}
+
 // Mid-rotation (the second of its three rollouts, docs/operations.md): the
 // router and the decode worker send the new token, the prefill worker still
 // sends the old one, each accepts both. Registration, the router's calls
@@ -248,13 +259,7 @@ TEST_F(AuthTest, ProcessesMidRotationServeTogether) {
                      .router_flags = {"--cluster_token_file=" + w + "/new_first", "--http_port=-1"},
                      .prefill_flags = {"--cluster_token_file=" + w + "/old_first"},
                      .decode_flags = {"--cluster_token_file=" + w + "/new_first"}});
-  absl::Status s = mixed.Start();
-  ASSERT_TRUE(s.ok()) << s;
-  auto client = v1::Generation::NewStub(
-      MakeClientChannel(mixed.router_address(), grpc::InsecureChannelCredentials()));
-  StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
-  ASSERT_TRUE(run.status.ok()) << run.status.error_message();
-  EXPECT_EQ(run.tokens.size(), 6u);
+  StartAndGenerate(mixed);
 }
 
 // Writes, under `dir`, a CA (`ca.pem`) and a certificate for the internal
@@ -312,13 +317,8 @@ TEST_F(AuthTest, InternalPortsOverMutualTls) {
                                       .router_flags = router_flags,
                                       .prefill_flags = flags,
                                       .decode_flags = flags});
-  absl::Status s = cluster.Start();
-  ASSERT_TRUE(s.ok()) << s;
-  auto client = v1::Generation::NewStub(
-      MakeClientChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
-  StreamResult run = RunGenerate(*client, TokenRequest({1, 2, 3, 4, 5}, 6));
-  ASSERT_TRUE(run.status.ok()) << run.status.error_message();
-  EXPECT_EQ(run.tokens.size(), 6u);
+  StartAndGenerate(cluster);
+  if (::testing::Test::HasFatalFailure()) return;
 
   const std::string worker = cluster.prefill()[0]->grpc_address;
   EXPECT_FALSE(HealthCall(worker, grpc::InsecureChannelCredentials()).ok());

@@ -3,6 +3,8 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -228,6 +230,24 @@ absl::Status CheckKvHandshakeDigest(absl::string_view digest) {
   }
   if (!match) return absl::UnauthenticatedError("KV peer did not present the cluster credential");
   return absl::OkStatus();
+}
+
+UnpredictableIds::UnpredictableIds() : key_(32, '\0') {
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key_.data()), static_cast<int>(key_.size())) !=
+      1) {
+    PDSERVE_LOG(FATAL) << "no randomness for transfer ids (RAND_bytes failed)";
+  }
+}
+
+uint64_t UnpredictableIds::Id(uint64_t counter) const {
+  unsigned char in[8];
+  for (int i = 0; i < 8; ++i) in[i] = static_cast<unsigned char>(counter >> (8 * i));
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), in, sizeof in, out, &size);
+  uint64_t id = 0;
+  for (int i = 0; i < 8; ++i) id |= uint64_t{out[i]} << (8 * i);
+  return id == 0 ? 1 : id;
 }
 
 bool IsLoopbackHost(const std::string& host) {

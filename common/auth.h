@@ -19,6 +19,7 @@
 // live processes that refuse each other (docs/operations.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,18 @@ std::string KvHandshakeDigest();
 // OK when no token is set or `digest` is that of one of the accepted tokens;
 // UNAUTHENTICATED otherwise.
 absl::Status CheckKvHandshakeDigest(absl::string_view digest);
+
+// Ids an observer cannot predict from earlier ones (KV transfer ids, which
+// travel in the clear on the TCP KV port): HMAC-SHA256 of a counter under a
+// random per-instance key, cut to 64 bits, never 0.
+class UnpredictableIds {
+ public:
+  UnpredictableIds();  // a fresh random key
+  uint64_t Id(uint64_t counter) const;
+
+ private:
+  std::string key_;
+};
 
 // Whether `host` is a loopback bind address (127.x, ::1, localhost).
 bool IsLoopbackHost(const std::string& host);

@@ -1,22 +1,11 @@
 #include "decode_worker/decode_engine.h"
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace pdserve::decode {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 // Follows one request's KV as the transport writes it into the reserved
 // blocks; its completion frees them on failure or starts the sequence.
@@ -53,8 +42,7 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
                            .max_prefill_chunk_tokens = std::max(options.recompute_chunk_tokens, 1)},
                   .enable_prefix_caching = options.enable_prefix_caching,
                   .kv_headroom_tokens = options.kv_headroom_tokens},
-                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()),
-      transfer_salt_(std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)) {
+                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()) {
   {
     absl::MutexLock lock(&mu_);
     UpdateGaugesLocked();
@@ -110,16 +98,15 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
-    absl::StatusOr<std::span<const int32_t>> blocks =
-        scheduler_.AddRemote(id, std::move(request.prompt), std::move(request.sampling),
-                             request.generated);
+    absl::StatusOr<std::span<const int32_t>> blocks = scheduler_.AddRemote(
+        id, std::move(request.prompt), std::move(request.sampling), request.generated);
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
           absl::StrCat("decode worker ", blocks.status().message()));
     }
     table.assign(blocks->begin(), blocks->end());
-    stream = std::make_shared<DecodeStream>(id, SplitMix64(transfer_salt_ + id));
+    stream = std::make_shared<DecodeStream>(id, transfer_ids_.Id(id));
     entries_.emplace(id, Entry{.request_id = std::move(request.request_id),
                                .stream = stream,
                                .num_generated = num_generated});
@@ -128,9 +115,9 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
   }
 
   auto sink = std::make_shared<Sink>(this, stream->seq());
-  if (absl::Status s = receiver_->Expect(stream->transfer_id(),
-                                         kvtransfer::TransferSpecFor(*runner_, known),
-                                         std::move(table), sink, options_.kv_timeout);
+  if (absl::Status s =
+          receiver_->Expect(stream->transfer_id(), kvtransfer::TransferSpecFor(*runner_, known),
+                            std::move(table), sink, options_.kv_timeout);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
     DropLocked(stream->seq());

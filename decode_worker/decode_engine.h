@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/output_queue.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/runtime/finish.h"
@@ -73,7 +74,7 @@ class DecodeStream : public OutputQueue<DecodeOutput> {
 };
 
 struct DecodeEngineOptions {
-  int max_running = 256;                          // sequences in the batch plus waiting for KV
+  int max_running = 256;  // sequences in the batch plus waiting for KV
   // Tokens reserved beyond the prompt at admission; later ones take blocks
   // as they come. Negative (or >= max_tokens): whole requests up front.
   int kv_headroom_tokens = 32;
@@ -119,8 +120,8 @@ class DecodeEngine {
     std::string request_id;
     std::shared_ptr<DecodeStream> stream;
     bool awaiting_kv = true;
-    bool cancelled = false;  // while awaiting KV: the receiver's cancel frees it
-    int num_generated = 0;   // generated elsewhere, then pushed (the first one included)
+    bool cancelled = false;      // while awaiting KV: the receiver's cancel frees it
+    int num_generated = 0;       // generated elsewhere, then pushed (the first one included)
     absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;
@@ -143,7 +144,10 @@ class DecodeEngine {
   engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t transfer_salt_ ABSL_GUARDED_BY(mu_);
+  // Transfer ids travel in the clear on the TCP KV port: one seen there must
+  // not tell the next (a peer that could replay the port's fixed credential
+  // could otherwise claim a coming transfer).
+  const UnpredictableIds transfer_ids_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: runs Loop() over everything above
 };

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,23 @@ TEST(AuthTest, KvDigestOfAnyAcceptedTokenPasses) {
   EXPECT_EQ(CheckKvHandshakeDigest("").code(), absl::StatusCode::kUnauthenticated);
   SetClusterToken("");
   EXPECT_EQ(ClusterToken(), "");
+}
+
+TEST(AuthTest, UnpredictableIdsAreStablePerKeyAndDistinct) {
+  const UnpredictableIds a, b;
+  std::set<uint64_t> seen;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(a.Id(i), a.Id(i));
+    EXPECT_NE(a.Id(i), 0u);
+    seen.insert(a.Id(i));
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+  // Another instance's key gives other ids for the same counters, and ids do
+  // not step by a constant (as a counter plus a salt would).
+  int same = 0;
+  for (uint64_t i = 0; i < 100; ++i) same += a.Id(i) == b.Id(i);
+  EXPECT_EQ(same, 0);
+  EXPECT_NE(a.Id(2) - a.Id(1), a.Id(3) - a.Id(2));
 }
 
 TEST(AuthTest, LoopbackHosts) {

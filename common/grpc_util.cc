@@ -1,5 +1,7 @@
 #include "common/grpc_util.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -76,15 +78,26 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(
   return handle;
 }
 
+namespace {
+std::atomic<bool> g_process_live{false};
+std::atomic<bool> g_process_ready{false};
+}  // namespace
+
 void SetServing(grpc::Server& server, bool serving) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(serving);
+  g_process_live = serving;
+  g_process_ready = serving;
 }
 
 void SetReady(grpc::Server& server, bool ready) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus("", ready);
+  g_process_ready = ready;
 }
+
+bool ProcessLive() { return g_process_live; }
+bool ProcessReady() { return g_process_ready; }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;

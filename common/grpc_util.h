@@ -40,6 +40,11 @@ inline constexpr char kLivenessService[] = "pdserve.liveness";
 void SetServing(grpc::Server& server, bool serving);
 // Sets only the overall health (service ""), which readiness probes ask for.
 void SetReady(grpc::Server& server, bool ready);
+// The same two states for HTTP probes (MetricsServer's /livez and /readyz):
+// what the last SetServing / SetReady of any of the process's servers set
+// (StartGrpcServer sets SERVING); false before any server starts.
+bool ProcessLive();
+bool ProcessReady();
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
 #include "httplib.h"
 #include "prometheus/text_serializer.h"
 
@@ -29,6 +30,17 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   s->server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
+  // The gRPC health states for HTTP probes (where the gRPC port runs mutual
+  // TLS, which the kubelet's gRPC probes cannot speak): 200 or 503.
+  const auto probe = [](bool (*state)()) {
+    return [state](const httplib::Request&, httplib::Response& res) {
+      const bool up = state();
+      res.status = up ? 200 : 503;
+      res.set_content(up ? "ok\n" : "not serving\n", "text/plain");
+    };
+  };
+  s->server_->Get("/livez", probe(&ProcessLive));
+  s->server_->Get("/readyz", probe(&ProcessReady));
   // SO_REUSEADDR only (the library default adds SO_REUSEPORT, which would let
   // two servers share a port).
   s->server_->set_socket_options([](socket_t sock) {

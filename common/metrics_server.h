@@ -1,8 +1,9 @@
 // Serves a prometheus-cpp registry, plus the process metrics
 // (common/process_metrics.h), as text exposition on GET /metrics (and
-// GET /healthz) with cpp-httplib. prometheus-cpp's own Exposer (civetweb) is
-// not used: it cannot bind port 0 and its fixed-stack threads fail in
-// processes that link cuBLAS (see docs/architecture.md).
+// GET /healthz; GET /livez and /readyz answer 200 or 503 from the process's
+// gRPC health, ProcessLive / ProcessReady) with cpp-httplib. prometheus-cpp's own Exposer
+// (civetweb) is not used: it cannot bind port 0 and its fixed-stack threads fail in processes that
+// link cuBLAS (see docs/architecture.md).
 //
 // Every connection serves one request and is closed ("Connection: close"),
 // and a connection that sends no request within 1 s is dropped: cpp-httplib

@@ -43,7 +43,7 @@ RequestSession::RequestSession(SessionManager* manager, ValidatedRequest request
       want_logprobs_(request_.sampling.logprobs >= 0) {}
 
 RequestSession::~RequestSession() {
-  if (!ended_) Abandon();
+  if (!ended_) Abandon().IgnoreError();  // a destructor has no one to tell
 }
 
 bool RequestSession::PastDeadline(absl::Time now) const { return now >= call_.deadline; }

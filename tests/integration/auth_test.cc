@@ -16,6 +16,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/wire.h"
 #include "pdserve/internal/v1/kv_transfer.pb.h"
@@ -346,6 +347,17 @@ TEST_F(AuthTest, InternalPortsOverMutualTls) {
   auto metrics = HttpGet(cluster.router_metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_EQ(MetricValue(*metrics, "pdserve_pool_workers{pool=\"prefill\"}"), 1);
+
+  // HTTP probes on the metrics port, for where gRPC probes cannot speak TLS:
+  // the registered worker is ready, the stranger is alive but not ready.
+  const auto probe = [](int port, const char* path) {
+    httplib::Client client("127.0.0.1", port);
+    auto res = client.Get(path);
+    return res ? res->status : -1;
+  };
+  EXPECT_EQ(probe(cluster.prefill()[0]->metrics_port, "/readyz"), 200);
+  EXPECT_EQ(probe(cluster.prefill().back()->metrics_port, "/livez"), 200);
+  EXPECT_EQ(probe(cluster.prefill().back()->metrics_port, "/readyz"), 503);
 }
 
 TEST(InternalTlsFlagsTest, AllThreeFilesOrNone) {

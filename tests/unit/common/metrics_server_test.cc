@@ -8,6 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "common/cli.h"
+#include "common/grpc_util.h"
 #include "common/process_metrics.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -34,6 +35,32 @@ TEST(MetricsServerTest, ServesTheRegistryOnAnEphemeralPort) {
   EXPECT_EQ(res->status, 200);
   EXPECT_NE(res->body.find("pdserve_test_things_total 3"), std::string::npos) << res->body;
   EXPECT_EQ(client.Get("/healthz")->status, 200);
+}
+
+// /livez and /readyz follow the gRPC health of the process's servers: up
+// while serving, /readyz down while not ready (a worker not registered),
+// both down after draining.
+TEST(MetricsServerTest, HttpProbesFollowTheGrpcHealth) {
+  auto metrics = MetricsServer::Start(std::make_shared<prometheus::Registry>(), "127.0.0.1", 0);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  httplib::Client client("127.0.0.1", (*metrics)->port());
+  const auto status = [&](const char* path) {
+    auto res = client.Get(path);
+    return res ? res->status : -1;
+  };
+  auto grpc = StartGrpcServer("127.0.0.1", 0, {});
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  EXPECT_EQ(status("/livez"), 200);
+  EXPECT_EQ(status("/readyz"), 200);
+  SetReady(*grpc->server, false);
+  EXPECT_EQ(status("/livez"), 200);
+  EXPECT_EQ(status("/readyz"), 503);
+  SetReady(*grpc->server, true);
+  EXPECT_EQ(status("/readyz"), 200);
+  SetServing(*grpc->server, false);
+  EXPECT_EQ(status("/livez"), 503);
+  EXPECT_EQ(status("/readyz"), 503);
+  grpc->server->Shutdown();
 }
 
 TEST(MetricsServerTest, PortInUseIsAnError) {

@@ -659,34 +659,30 @@ void DisaggregatedOrchestrator::PruneStubsLocked(const std::set<std::string>& li
   prune(decode_stubs_);
 }
 
-std::shared_ptr<internal::v1::PrefillWorker::Stub> DisaggregatedOrchestrator::PrefillStub(
-    const std::string& address) {
+template <typename Service>
+std::shared_ptr<typename Service::Stub> DisaggregatedOrchestrator::CachedStub(
+    StubMap<Service>& stubs, const std::string& address) {
   {
     absl::MutexLock lock(&stubs_mu_);
-    auto it = prefill_stubs_.find(address);
-    if (it != prefill_stubs_.end()) return it->second;
+    auto it = stubs.find(address);
+    if (it != stubs.end()) return it->second;
   }
   const std::set<std::string> live = LiveAddresses();  // outside stubs_mu_
   absl::MutexLock lock(&stubs_mu_);
   PruneStubsLocked(live);
-  auto& stub = prefill_stubs_[address];
-  if (!stub) stub = internal::v1::PrefillWorker::NewStub(MakeChannel(address));
+  auto& stub = stubs[address];
+  if (!stub) stub = Service::NewStub(MakeChannel(address));
   return stub;
+}
+
+std::shared_ptr<internal::v1::PrefillWorker::Stub> DisaggregatedOrchestrator::PrefillStub(
+    const std::string& address) {
+  return CachedStub<internal::v1::PrefillWorker>(prefill_stubs_, address);
 }
 
 std::shared_ptr<internal::v1::DecodeWorker::Stub> DisaggregatedOrchestrator::DecodeStub(
     const std::string& address) {
-  {
-    absl::MutexLock lock(&stubs_mu_);
-    auto it = decode_stubs_.find(address);
-    if (it != decode_stubs_.end()) return it->second;
-  }
-  const std::set<std::string> live = LiveAddresses();
-  absl::MutexLock lock(&stubs_mu_);
-  PruneStubsLocked(live);
-  auto& stub = decode_stubs_[address];
-  if (!stub) stub = internal::v1::DecodeWorker::NewStub(MakeChannel(address));
-  return stub;
+  return CachedStub<internal::v1::DecodeWorker>(decode_stubs_, address);
 }
 
 int DisaggregatedOrchestrator::channel_count() {

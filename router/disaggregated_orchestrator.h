@@ -96,11 +96,17 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   // Addresses of the live workers of both pools.
   std::set<std::string> LiveAddresses();
 
+  template <typename Service>
+  using StubMap = std::map<std::string, std::shared_ptr<typename Service::Stub>>;
+  // The stub of `address` in `stubs` (one of the maps below), made (after
+  // pruning) when there is none.
+  template <typename Service>
+  std::shared_ptr<typename Service::Stub> CachedStub(StubMap<Service>& stubs,
+                                                     const std::string& address);
+
   absl::Mutex stubs_mu_;
-  std::map<std::string, std::shared_ptr<internal::v1::PrefillWorker::Stub>> prefill_stubs_
-      ABSL_GUARDED_BY(stubs_mu_);
-  std::map<std::string, std::shared_ptr<internal::v1::DecodeWorker::Stub>> decode_stubs_
-      ABSL_GUARDED_BY(stubs_mu_);
+  StubMap<internal::v1::PrefillWorker> prefill_stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  StubMap<internal::v1::DecodeWorker> decode_stubs_ ABSL_GUARDED_BY(stubs_mu_);
 };
 
 }  // namespace pdserve::router

@@ -120,6 +120,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   const std::string& token = ClusterToken();
   const InternalTls& tls = GetInternalTls();
   grpc::ChannelArguments args = ChannelArgs();
+  // A peer that restarts (a router, a worker pod) is reconnected within a
+  // quarter second of coming back, not after gRPC's default backoff (up to
+  // two minutes): workers re-register within a heartbeat of a router
+  // restart. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as
+  // the connect timeout, and a TLS handshake on a busy host can outlast a
+  // short one.)
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
   if (tls.enabled()) args.SetSslTargetNameOverride(tls.server_name);
   if (token.empty()) return grpc::CreateCustomChannel(address, InternalChannelCredentials(), args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;

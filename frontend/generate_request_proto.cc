@@ -93,6 +93,7 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
       break;
   }
   out.add_bos = in.add_bos();
+  out.priority = in.priority();
 
   const v1::SamplingParams& s = in.sampling();
   engine::SamplingParams& p = out.sampling;

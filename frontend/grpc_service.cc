@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/grpc_util.h"
+#include "frontend/errors.h"
 #include "frontend/generate_request_proto.h"
 
 namespace pdserve::frontend {
@@ -17,6 +18,15 @@ std::string ToString(const grpc::ByteBuffer& buffer) {
   for (const grpc::Slice& s : slices)
     out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
+}
+
+// The status for the client, with a retry hint as `retry-after` trailing
+// metadata (whole seconds, as HTTP's header) when the refusal carries one.
+grpc::Status Reply(grpc::ServerContext& context, const absl::Status& status) {
+  if (std::string after = RetryAfterSeconds(status); !after.empty()) {
+    context.AddTrailingMetadata("retry-after", after);
+  }
+  return ToGrpcStatus(status);
 }
 
 absl::Time Deadline(const grpc::ServerContext& context) {
@@ -50,12 +60,12 @@ grpc::Status GrpcGenerationService::Serve(
   absl::StatusOr<Request> request = DecodeGenerateRequest(ToString(buffer));
   if (!request.ok()) return ToGrpcStatus(sessions_->Refuse(request.status(), "invalid_argument"));
   absl::StatusOr<std::unique_ptr<RequestSession>> session = sessions_->Start(*request, call);
-  if (!session.ok()) return ToGrpcStatus(session.status());
+  if (!session.ok()) return Reply(*context, session.status());
   absl::Status status = RunSession(
       **session,
       [&](const Delta& delta) { return stream->Write(DeltaToProto(delta, request->request_id)); },
       [&] { return context->IsCancelled(); });
-  return ToGrpcStatus(status);
+  return Reply(*context, status);
 }
 
 }  // namespace pdserve::frontend

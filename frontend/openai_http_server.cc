@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -12,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/process_metrics.h"
+#include "frontend/errors.h"
 #include "frontend/openai_protocol.h"
 #include "httplib.h"
 
@@ -80,6 +82,9 @@ void SetJson(httplib::Response& res, int status, const std::string& body) {
 
 void SetError(httplib::Response& res, const absl::Status& status) {
   SetJson(res, openai::HttpStatus(status.code()), openai::ErrorBody(status));
+  if (std::string after = RetryAfterSeconds(status); !after.empty()) {
+    res.set_header("Retry-After", after);
+  }
 }
 
 std::string Event(const std::string& payload) { return absl::StrCat("data: ", payload, "\n\n"); }
@@ -197,13 +202,43 @@ void OpenAiHttpServer::Generate(bool chat, const httplib::Request& req, httplib:
       parsed->include_usage, parsed->request.sampling.logprobs >= 0);
   const absl::Duration poll = options_.poll;
 
+  // The status is decided by the first output, streamed or not: a request
+  // that waited for room may still be refused (429 with Retry-After)
+  // before a byte of the response is sent.
+  std::optional<Delta> first;
+  while (!first.has_value()) {
+    if (stopping()) {
+      SetError(res, session->Abandon());
+      return;
+    }
+    absl::StatusOr<std::optional<Delta>> next = session->Next(poll);
+    if (!next.ok()) {
+      SetError(res, next.status());
+      return;
+    }
+    first = *std::move(next);
+  }
+
   if (parsed->stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, session, formatter, poll](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, session, formatter, poll, first = std::move(first)](
+                                 size_t, httplib::DataSink& sink) mutable {
           auto write = [&sink](const std::string& text) {
             return sink.write(text.data(), text.size());
           };
+          if (first.has_value()) {
+            for (const std::string& chunk : formatter->Chunks(*first)) {
+              if (!write(Event(chunk))) return false;
+            }
+            const bool finished = first->finished;
+            first.reset();
+            if (finished) {
+              if (!write(Event("[DONE]"))) return false;
+              sink.done();
+              return true;
+            }
+          }
           absl::Status status = RunSession(
               *session,
               [&](const Delta& delta) {
@@ -223,24 +258,10 @@ void OpenAiHttpServer::Generate(bool chat, const httplib::Request& req, httplib:
     return;
   }
 
-  // Not streamed: the status is decided by the first output.
-  while (true) {
-    if (stopping()) {
-      SetError(res, session->Abandon());
-      return;
-    }
-    absl::StatusOr<std::optional<Delta>> next = session->Next(poll);
-    if (!next.ok()) {
-      SetError(res, next.status());
-      return;
-    }
-    if (!next->has_value()) continue;
-    formatter->Add(**next);
-    if ((*next)->finished) {
-      SetJson(res, 200, formatter->Body());
-      return;
-    }
-    break;
+  formatter->Add(*first);
+  if (first->finished) {
+    SetJson(res, 200, formatter->Body());
+    return;
   }
   res.set_chunked_content_provider(
       "application/json", [this, session, formatter, poll](size_t, httplib::DataSink& sink) {

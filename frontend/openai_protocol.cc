@@ -254,6 +254,7 @@ absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
   }
   PDSERVE_RETURN_IF_ERROR(ReadStop(obj, &r));
   PDSERVE_RETURN_IF_ERROR(ReadString(obj, "user", &r.user));
+  PDSERVE_RETURN_IF_ERROR(ReadInt(obj, "priority", &r.priority));
 
   PDSERVE_RETURN_IF_ERROR(ReadBool(obj, "stream", &out->stream));
   if (const Json* options = Find(obj, "stream_options")) {

@@ -169,6 +169,7 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const Request& request, const P
   }
   if (absl::Status s = CheckUtf8(request.user, names.user); !s.ok()) return s;
   out.request_id = request.request_id;
+  out.priority = request.priority;
 
   // Stop strings first: they are cheap to check and need no tokenizer.
   if (request.stop.size() > kMaxStopStrings) {

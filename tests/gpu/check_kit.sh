@@ -12,7 +12,8 @@
 #      binaries: --help, --gtest_list_tests, pdserve_make_model, a CPU
 #      cluster streaming the demo model's greedy continuation;
 #   4. run_kit.sh without a GPU stops at once saying so (where none is);
-#      run_kit.sh --dry passes and writes at most 8 files.
+#      run_kit.sh --dry passes and writes at most 8 files;
+#   5. its performance table and target verdicts render made-up figures.
 # A kit that still needs one Debian library fails 2 and 3.
 #   tests/gpu/check_kit.sh [ARCHIVE]   (default gpukit/pdserve-gpu-kit.tar.xz)
 set -euo pipefail
@@ -115,4 +116,24 @@ files=$(find "$tmp/out" -type f | wc -l)
 grep -q '^[0-9]* passed, [0-9]* failed$' "$tmp/out/summary.md" ||
   fail "no 'N passed, N failed' line in summary.md"
 echo "gpu_kit: run_kit.sh --dry passed; \$OUT: $(cd "$tmp/out" && ls | tr '\n' ' ')"
+# 5. The summary's performance table and the targets' verdicts, from
+# made-up figures in the benchmarks' formats.
+printf 'peak\tcopy\t3.0e12\npeak\tgemm\t7.5e14\n' > "$tmp/perf.tsv"
+printf 'decode\tllama-1b\ton\t1\t512\t1.1000\t0.7512\ndecode\tllama-1b\toff\t1\t512\t2.5\t0.33\n' \
+  >> "$tmp/perf.tsv"
+printf 'prefill\tllama-8b\t2048\t80.5\t0.4012\n' >> "$tmp/perf.tsv"
+printf '| tokens | KV bytes | bandwidth GB/s | TTFT model ms | exposed ms | exposed / TTFT |\n' \
+  > "$tmp/perf.md"
+printf '| 2048 | 256 MiB | 812.34 | 54.6 | 0.3 | 0.5%% |\n| 8192 | 1024 MiB | 905.10 | 230.0 | 0.4 | 0.2%% |\n' \
+  >> "$tmp/perf.md"
+table=$(bash "$root/tests/gpu/run_kit.sh" --step perf_table "$tmp/perf.tsv" "$tmp/perf.md")
+for want in "device-to-device copy 3000 GB/s" "cuBLAS bf16 GEMM 750 TFLOP/s" \
+    "| llama-1b | decode, batch 1, context 512 | 1.100 ms, 75% | 2.500 ms, 33% |" \
+    "| llama-1b | decode, batch 32, context 512 | not measured | not measured |" \
+    "| llama-8b | prefill, 2048 tokens | 80.5 ms, MFU 40% | |" \
+    "2048 tokens: 812.34 GB/s; 8192 tokens: 905.10 GB/s" \
+    "| 0.75 | >= 0.70 | met |" "| 0.40 | >= 0.55 | MISSED |"; do
+  grep -qF -- "$want" <<< "$table" || fail "the performance table has no \"$want\": $table"
+done
+echo "gpu_kit: the summary's performance table and verdicts render made-up figures as expected"
 echo "gpu_kit: passed"

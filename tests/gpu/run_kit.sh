@@ -275,6 +275,64 @@ bench() {
   [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
 }
 
+# The performance table and the targets' verdicts, in markdown, from the
+# benchmarks' --results_tsv lines and their tables (the gpu_kit check runs
+# this on made-up figures).
+perf_table() {  # BENCH_TSV BENCH_MD
+  local tsv=$1 md=$2 copy gemm shape b n t on off p ipc
+  figure() {  # AWK_PROGRAM: the first line it prints from the tsv
+    awk -F'\t' "$1" "$tsv" | head -1
+  }
+  decode_cell() {  # SHAPE GRAPHS BATCH CONTEXT
+    figure "\$1 == \"decode\" && \$2 == \"$1\" && \$3 == \"$2\" && \$4 == $3 && \$5 == $4 \
+      {printf \"%.3f ms, %.0f%%\", \$6, 100 * \$7}"
+  }
+  target() {  # WHAT VALUE TARGET
+    if [ -z "$2" ]; then
+      echo "| $1 | not measured | >= $3 | MISSED (no figure) |"
+    elif awk -v v="$2" -v t="$3" 'BEGIN { exit !(v + 0 >= t + 0) }'; then
+      echo "| $1 | $2 | >= $3 | met |"
+    else
+      echo "| $1 | $2 | >= $3 | MISSED |"
+    fi
+  }
+  copy=$(figure '$1 == "peak" && $2 == "copy" {printf "%.0f GB/s", $3 / 1e9}')
+  gemm=$(figure '$1 == "peak" && $2 == "gemm" {printf "%.0f TFLOP/s", $3 / 1e12}')
+  echo "Measured peaks: device-to-device copy ${copy:-not measured} (bytes read + written)," \
+    "cuBLAS bf16 GEMM ${gemm:-not measured}. Decode cells: step time, and bytes read per" \
+    "second as a fraction of the copy bandwidth."
+  echo
+  echo "| shape | figure | CUDA graphs on | CUDA graphs off |"
+  echo "| --- | --- | ---: | ---: |"
+  for shape in llama-1b llama-8b; do
+    for b in 1 32; do
+      for n in 512 4096; do
+        on=$(decode_cell $shape on $b $n)
+        off=$(decode_cell $shape off $b $n)
+        echo "| $shape | decode, batch $b, context $n | ${on:-not measured} | ${off:-not measured} |"
+      done
+    done
+    for t in 2048 8192; do
+      p=$(figure "\$1 == \"prefill\" && \$2 == \"$shape\" && \$3 == $t \
+        {printf \"%.1f ms, MFU %.0f%%\", \$4, 100 * \$5}")
+      echo "| $shape | prefill, $t tokens | ${p:-not measured} | |"
+    done
+  done
+  echo
+  # pdserve_kv_transfer_bench's rows: | tokens | KV bytes | GB/s | ...
+  ipc=$(awk -F'|' '/^\| *[0-9]+ *\| *[0-9.]+ MiB *\|/ {gsub(/ /, "", $2); gsub(/ /, "", $4);
+    printf "%s%s tokens: %s GB/s", sep, $2, $4; sep = "; "}' "$md")
+  echo "KV transfer by CUDA IPC (pdserve_kv_transfer_bench --transport=ipc, 8B shape, one" \
+    "process): ${ipc:-not measured}"
+  echo
+  echo "| target | measured | target | verdict |"
+  echo "| --- | ---: | ---: | --- |"
+  target "llama-1b batch-1 decode (context 512, graphs on), of copy bandwidth" \
+    "$(figure '$1 == "decode" && $2 == "llama-1b" && $3 == "on" && $4 == 1 && $5 == 512 {printf "%.2f", $7}')" 0.70
+  target "llama-8b prefill MFU at 2048 tokens" \
+    "$(figure '$1 == "prefill" && $2 == "llama-8b" && $3 == 2048 {printf "%.2f", $5}')" 0.55
+}
+
 if [ "${1:-}" = --step ]; then
   shift
   "$@"
@@ -355,22 +413,6 @@ step "cluster cpu vs cuda" 45 "$out/cluster.log" cluster
 step bench 100 "$out/bench.md" bench
 
 # ---- summary ----
-figure() {  # AWK_PROGRAM: the first line it prints from bench.tsv
-  awk -F'\t' "$1" "$out/bench.tsv" | head -1
-}
-target() {  # WHAT VALUE TARGET
-  if [ -z "$2" ]; then
-    echo "| $1 | not measured | >= $3 | MISSED (no figure) |"
-  elif awk -v v="$2" -v t="$3" 'BEGIN { exit !(v + 0 >= t + 0) }'; then
-    echo "| $1 | $2 | >= $3 | met |"
-  else
-    echo "| $1 | $2 | >= $3 | MISSED |"
-  fi
-}
-decode_cell() {  # SHAPE GRAPHS BATCH CONTEXT
-  figure "\$1 == \"decode\" && \$2 == \"$1\" && \$3 == \"$2\" && \$4 == $3 && \$5 == $4 \
-    {printf \"%.3f ms, %.0f%%\", \$6, 100 * \$7}"
-}
 {
   echo "# pdserve GPU run kit: $([ $dry -eq 1 ] && echo "dry run, no GPU" || echo "GPU run"), $(date -u +%Y-%m-%d)"
   echo
@@ -409,39 +451,7 @@ decode_cell() {  # SHAPE GRAPHS BATCH CONTEXT
   if [ $dry -eq 1 ]; then
     echo "not measured: dry run, no GPU"
   else
-    copy=$(figure '$1 == "peak" && $2 == "copy" {printf "%.0f GB/s", $3 / 1e9}')
-    gemm=$(figure '$1 == "peak" && $2 == "gemm" {printf "%.0f TFLOP/s", $3 / 1e12}')
-    echo "Measured peaks: device-to-device copy ${copy:-not measured} (bytes read + written)," \
-      "cuBLAS bf16 GEMM ${gemm:-not measured}. Decode cells: step time, bytes read per second" \
-      "as a fraction of the copy bandwidth."
-    echo
-    echo "| shape | figure | CUDA graphs on | CUDA graphs off |"
-    echo "| --- | --- | ---: | ---: |"
-    for shape in llama-1b llama-8b; do
-      for b in 1 32; do
-        for n in 512 4096; do
-          on=$(decode_cell $shape on $b $n)
-          off=$(decode_cell $shape off $b $n)
-          echo "| $shape | decode, batch $b, context $n | ${on:-not measured} | ${off:-not measured} |"
-        done
-      done
-      for t in 2048 8192; do
-        p=$(figure "\$1 == \"prefill\" && \$2 == \"$shape\" && \$3 == $t \
-          {printf \"%.1f ms, MFU %.0f%%\", \$4, 100 * \$5}")
-        echo "| $shape | prefill, $t tokens | ${p:-not measured} | |"
-      done
-    done
-    echo
-    ipc=$(awk -F'|' '/^\| *[0-9]+ *\| *[0-9.]+ MiB/ {gsub(/ /, "", $2); gsub(/ /, "", $5); printf "%s tokens %s GB/s; ", $2, $5}' "$out/bench.md")
-    echo "KV transfer by CUDA IPC (pdserve_kv_transfer_bench --transport=ipc, 8B shape, one" \
-      "process): ${ipc:-not measured}"
-    echo
-    echo "| target | measured | target | verdict |"
-    echo "| --- | ---: | ---: | --- |"
-    target "llama-1b batch-1 decode (context 512, graphs on), of copy bandwidth" \
-      "$(figure '$1 == "decode" && $2 == "llama-1b" && $3 == "on" && $4 == 1 && $5 == 512 {printf "%.2f", $7}')" 0.70
-    target "llama-8b prefill MFU at 2048 tokens" \
-      "$(figure '$1 == "prefill" && $2 == "llama-8b" && $3 == 2048 {printf "%.2f", $5}')" 0.55
+    perf_table "$out/bench.tsv" "$out/bench.md"
   fi
   echo
   echo "total: $(( $(date +%s) - start )) s; $([ $failed -eq 0 ] && echo "every step passed" || echo "SOME STEPS FAILED")"

@@ -12,9 +12,10 @@
 #   3. lays out pdserve-gpu-kit/: bin/ (tools and services), tests/ (every
 #      ctest of label gpu, with its timeout in tests.tsv, and kv_peer),
 #      lib/ (what `ldd` lists, less glibc, the CUDA toolkit's and the
-#      driver's libraries; libstdc++ and libgcc_s included, since the
-#      binaries need GCC 12's GLIBCXX_3.4.30), build/ (symlinks in the
-#      build tree's layout, for deploy/local/cluster.sh --bin), MANIFEST;
+#      driver's libraries; libstdc++ and libgcc_s included, for hosts
+#      without GCC 12's, run_kit.sh deciding), build/ (symlinks in the
+#      build tree's layout, for deploy/local/cluster.sh --bin), MANIFEST
+#      (commit, CUDA libraries and symbol versions the host must have);
 #      binaries and libraries stripped; libicudata replaced by an ICU stub
 #      (icudata_stub.c: the kit never loads ICU data; NFC/NFD stay, being
 #      built into libicuuc);

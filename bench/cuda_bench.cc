@@ -222,9 +222,10 @@ int RunShape(const std::string& name, const std::vector<bool>& graph_modes, cons
     options.kv_block_size = kBlock;
     options.num_kv_blocks = max_tokens / kBlock + 1;
     options.cuda_graphs = graphs;
-    options.max_graph_batch =
-        std::max(64, *std::max_element(plan.batches.begin(), plan.batches.end()));
-    options.max_graph_context = *std::max_element(plan.contexts.begin(), plan.contexts.end());
+    for (int b : plan.batches) options.max_graph_batch = std::max(options.max_graph_batch, b);
+    if (!plan.contexts.empty()) {
+      options.max_graph_context = *std::max_element(plan.contexts.begin(), plan.contexts.end());
+    }
     absl::StatusOr<std::unique_ptr<cuda::CudaModelRunner>> runner =
         cuda::CudaModelRunner::Create(**source, options);
     if (!runner.ok()) {

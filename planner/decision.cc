@@ -74,7 +74,9 @@ absl::Status PlannerOptions::Validate() const {
 
 Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
   for (Pool pool : kPools) {
-    state_[pool].model = LatencyModel(options_.model);
+    LatencyModel::Options model = options_.model;
+    model.y0_ceiling = options_.prior_idle_fraction * Slo(pool);
+    state_[pool].model = LatencyModel(model);
     state_[pool].forecast = LoadForecast(options_.forecast);
   }
 }

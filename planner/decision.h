@@ -56,6 +56,9 @@ struct PlannerOptions {
   double min_ttft_count = 5;  // observations a window needs to judge TTFT
   double min_itl_count = 50;  // token gaps a window needs to judge ITL
   double extrapolation_limit = 2.0;
+  // Until a pool's curve has a fitted slope, its idle latency is taken as
+  // at most this fraction of its SLO (LatencyModel::Options::y0_ceiling).
+  double prior_idle_fraction = 0.25;
   // Queued prompt tokens count as demand to be served within this time.
   absl::Duration backlog_drain = absl::Seconds(2);
   LatencyModel::Options model;

@@ -64,7 +64,7 @@ void LatencyModel::Refit(absl::Time now) {
     fit.x_max = *fitted_x_max_;
     fit.y0 = (1.0 - mean_x / fit.x_max) / mean_z;  // z is linear in x: means lie on the line
   } else {
-    fit.y0 = min_y;
+    fit.y0 = options_.y0_ceiling > 0 ? std::min(min_y, options_.y0_ceiling) : min_y;
     const double y_mean = 1.0 / mean_z;
     fit.x_max = (y_mean > fit.y0 * 1.05 && mean_x > 0) ? mean_x / (1.0 - fit.y0 / y_mean) : kInf;
   }

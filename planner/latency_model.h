@@ -18,7 +18,8 @@
 // model follows a changing workload. A steady load gives points at one x,
 // from which no slope can be fitted: then the last fitted x_max is kept and
 // y0 is solved through the points' weighted mean; before any fit, y0 is
-// the lowest latency seen and x_max is solved through the mean. Pure: no
+// the lowest latency seen (at most Options::y0_ceiling) and x_max is
+// solved through the mean. Pure: no
 // I/O, time is an input.
 #pragma once
 
@@ -34,6 +35,11 @@ class LatencyModel {
   struct Options {
     absl::Duration memory = absl::Minutes(10);  // weight e-folding age of a point
     int max_points = 128;
+    // Before any slope is fitted, y0 is taken as at most this (seconds;
+    // 0: no ceiling). Without it, a first point observed under overload
+    // would read as the idle latency, and adding workers would seem not
+    // to help. The planner sets it to a fraction of the SLO.
+    double y0_ceiling = 0;
   };
   explicit LatencyModel(Options options) : options_(options) {}
   LatencyModel() : LatencyModel(Options{}) {}

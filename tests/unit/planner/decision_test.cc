@@ -290,8 +290,10 @@ TEST(PlannerDecisionTest, DryRunWithoutAppliedRepeatsTheSameDecision) {
     wanted.push_back(d.pools.decode.desired);
   }
   // Not applied: no cool-down starts, so it keeps saying what it wants.
+  // (2: one overloaded decode worker serves ~200 of the 400 tokens/s asked;
+  // a dry run sees what is served, so it asks for the first step only.)
   for (size_t i = 2; i < wanted.size(); ++i) EXPECT_EQ(wanted[i], wanted[2]) << i;
-  EXPECT_GE(wanted.back(), 3);
+  EXPECT_EQ(wanted.back(), 2);
 }
 
 TEST(PlannerOptionsTest, Validates) {

@@ -39,6 +39,17 @@ TEST(LatencyModelTest, OnePointWithTheLowestLatencySeenAsY0) {
   EXPECT_LT(fit->x_max, 1000);
 }
 
+TEST(LatencyModelTest, AFirstPointUnderOverloadIsNotTakenForTheIdleLatency) {
+  LatencyModel m(LatencyModel::Options{.y0_ceiling = 0.5});
+  m.Add(kT0, 450, 4.7);  // one prefill worker far over its SLO of 2 s
+  auto fit = m.Curve(kT0);
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_DOUBLE_EQ(fit->y0, 0.5);
+  EXPECT_NEAR(fit->x_max, 450 / (1 - 0.5 / 4.7), 1e-6);
+  // So a second worker is predicted to help.
+  EXPECT_LT(LatencyModel::Predict(*fit, 225), 1.6);
+}
+
 TEST(LatencyModelTest, OldPointsFadeSoTheModelFollowsAChange) {
   LatencyModel m(LatencyModel::Options{.memory = absl::Minutes(1)});
   // The workers were twice as fast an hour ago.

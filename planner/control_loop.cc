@@ -38,7 +38,7 @@ bool ControlLoop::Step() {
   }
   const Decision d = planner_.Decide(o, current);
   metrics_.CountInterval(true);
-  metrics_.Record(d, o.ready_workers, planner_.options());
+  metrics_.Record(d, o, planner_.options());
   Log(d);
   if (!options_.decisions_out.empty()) Append(d, o);
   if (options_.dry_run || actuator_ == nullptr) return true;

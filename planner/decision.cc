@@ -41,6 +41,8 @@ const char* ReasonName(Reason reason) {
       return "at_max";
     case Reason::kNoModel:
       return "no_model";
+    case Reason::kKvPressure:
+      return "kv_pressure";
   }
   return "";
 }
@@ -65,6 +67,9 @@ absl::Status PlannerOptions::Validate() const {
       !(scale_up_target <= 1)) {
     return absl::InvalidArgumentError(
         "want 0 < scale_down_target < scale_up_target <= 1 (the dead band between them)");
+  }
+  if (!(kv_usage_high > 0 && kv_usage_high <= 1)) {
+    return absl::InvalidArgumentError("want 0 < kv_usage_high <= 1");
   }
   if (max_step_up < 1 || !(extrapolation_limit >= 1)) {
     return absl::InvalidArgumentError("want max_step_up >= 1 and extrapolation_limit >= 1");
@@ -117,7 +122,9 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
                                     std::max(1e-3, absl::ToDoubleSeconds(options_.backlog_drain))
                               : 0.0);
   }
-  if (!latency.has_value() || !count.has_value() || !load.has_value() || !ready.has_value()) {
+  const bool kv_absent = !prefill && !o.decode_kv_usage.has_value();
+  if (!latency.has_value() || !count.has_value() || !load.has_value() || !ready.has_value() ||
+      kv_absent) {
     std::string missing;
     if (!latency.has_value() || !count.has_value())
       absl::StrAppend(&missing, prefill ? " ttft" : " itl");
@@ -126,6 +133,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     if (prefill && !o.prefill_queued_tokens.has_value())
       absl::StrAppend(&missing, " queued_tokens");
     if (!ready.has_value()) absl::StrAppend(&missing, " pool_workers");
+    if (kv_absent) absl::StrAppend(&missing, " kv_usage");
     d.reason = Reason::kMissingMetrics;
     d.detail = absl::StrCat("absent:", missing, "; holding ", current);
     return d;
@@ -181,6 +189,10 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
         d.reason = Reason::kSpareCapacity;
       }
     }
+  }
+  if (!prefill && *o.decode_kv_usage > options_.kv_usage_high && want <= current) {
+    want = current + 1;
+    d.reason = Reason::kKvPressure;
   }
   if (want > hi) {
     want = hi;

@@ -13,7 +13,8 @@
 //   3. Size. Load = max(now, forecast at `forecast_horizon`); the size is
 //      the least n whose predicted latency at load / n is within
 //      scale_up_target x SLO. An observed breach the model does not explain
-//      adds one worker anyway.
+//      adds one worker anyway, and so does a decode KV cache above
+//      kv_usage_high (it refuses requests before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
@@ -59,6 +60,9 @@ struct PlannerOptions {
   // Until a pool's curve has a fitted slope, its idle latency is taken as
   // at most this fraction of its SLO (LatencyModel::Options::y0_ceiling).
   double prior_idle_fraction = 0.25;
+  // Decode KV-cache usage (pool mean) above this adds a decode worker
+  // whatever the latency: a full cache refuses requests rather than slowing.
+  double kv_usage_high = 0.9;
   // Queued prompt tokens count as demand to be served within this time.
   absl::Duration backlog_drain = absl::Seconds(2);
   LatencyModel::Options model;
@@ -80,8 +84,9 @@ enum class Reason {
   kAtMin,            // fewer wanted than the pool's minimum
   kAtMax,            // more wanted than the pool's maximum
   kNoModel,          // no observation to size from yet: holding
+  kKvPressure,       // the decode pool's KV cache is nearly full
 };
-inline constexpr int kNumReasons = 11;
+inline constexpr int kNumReasons = 12;
 const char* ReasonName(Reason reason);
 
 struct PoolDecision {

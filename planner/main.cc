@@ -61,6 +61,8 @@ ABSL_FLAG(absl::Duration, settle, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, model_memory, absl::Minutes(10),
           "Age at which an observation's weight in the capacity model has fallen to 1/e");
 ABSL_FLAG(int, max_step_up, 2, "Workers added to a pool at once, at most");
+ABSL_FLAG(double, kv_usage_high, 0.9,
+          "Decode KV-cache usage (pool mean) above which a decode worker is added");
 ABSL_FLAG(bool, dry_run, false, "Only print and export decisions; scale nothing");
 ABSL_FLAG(std::string, actuator, "none",
           "kubernetes (scale the Deployments), local (deploy/local/cluster.sh) or none "
@@ -116,6 +118,7 @@ absl::StatusOr<PlannerOptions> OptionsFromFlags() {
   o.forecast_horizon = absl::GetFlag(FLAGS_forecast_horizon);
   o.settle = absl::GetFlag(FLAGS_settle);
   o.max_step_up = absl::GetFlag(FLAGS_max_step_up);
+  o.kv_usage_high = absl::GetFlag(FLAGS_kv_usage_high);
   o.model.memory = absl::GetFlag(FLAGS_model_memory);
   o.backlog_drain = absl::Seconds(o.ttft_slo_s);
   if (absl::Status s = o.Validate(); !s.ok()) return s;

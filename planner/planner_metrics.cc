@@ -60,7 +60,11 @@ PlannerMetrics::PlannerMetrics(prometheus::Registry& r)
                   .Name("pdserve_planner_dry_run")
                   .Help("1 when the planner only reports its decisions")
                   .Register(r)
-                  .Add({})) {
+                  .Add({})),
+      input(Gauge(r, "pdserve_planner_input",
+                  "The workload as read over the window, by name: request_rate (requests/s), "
+                  "mean_prompt_tokens, mean_output_tokens, queued_prompt_tokens, "
+                  "decode_sequences, decode_kv_usage (NaN: absent)")) {
   for (Pool pool : kPools) {
     for (int i = 0; i < kNumReasons; ++i) {
       decision.Add({{"pool", std::string(PoolName(pool))},
@@ -75,8 +79,23 @@ PlannerMetrics::PlannerMetrics(prometheus::Registry& r)
   intervals.Add({{"result", "error"}});
 }
 
-void PlannerMetrics::Record(const Decision& d, const PerPool<std::optional<int>>& ready,
+void PlannerMetrics::Record(const Decision& d, const Observation& o,
                             const PlannerOptions& options) {
+  const PerPool<std::optional<int>>& ready = o.ready_workers;
+  auto value = [](const std::optional<double>& v) { return v.has_value() ? *v : std::nan(""); };
+  auto per_request = [&](const std::optional<double>& tokens) {
+    return tokens.has_value() && o.request_rate.has_value() && *o.request_rate > 0
+               ? *tokens / *o.request_rate
+               : std::nan("");
+  };
+  for (const auto& [name, v] : {std::pair{"request_rate", value(o.request_rate)},
+                                std::pair{"mean_prompt_tokens", per_request(o.prompt_tokens_per_s)},
+                                std::pair{"mean_output_tokens", per_request(o.output_tokens_per_s)},
+                                std::pair{"queued_prompt_tokens", value(o.prefill_queued_tokens)},
+                                std::pair{"decode_sequences", value(o.decode_sequences)},
+                                std::pair{"decode_kv_usage", value(o.decode_kv_usage)}}) {
+    input.Add({{"name", name}}).Set(v);
+  }
   for (Pool pool : kPools) {
     const PoolDecision& p = d.pools[pool];
     Set(desired_replicas, pool, p.desired);

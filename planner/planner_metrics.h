@@ -16,7 +16,7 @@ struct PlannerMetrics {
   explicit PlannerMetrics(prometheus::Registry& r);
 
   // Exports one decision (and what it was based on).
-  void Record(const Decision& decision, const PerPool<std::optional<int>>& ready,
+  void Record(const Decision& decision, const Observation& observation,
               const PlannerOptions& options);
   // A scaling the actuator carried out, or failed to.
   void CountScaling(Pool pool, bool up);
@@ -37,6 +37,10 @@ struct PlannerMetrics {
   prometheus::Family<prometheus::Counter>& actuation_failures;
   prometheus::Family<prometheus::Counter>& intervals;
   prometheus::Gauge& dry_run;
+  // The workload as read (NaN when absent): requests/s, mean prompt and
+  // output tokens per request, queued prompt tokens, decode sequences held
+  // and the decode pool's mean KV usage.
+  prometheus::Family<prometheus::Gauge>& input;
 };
 
 }  // namespace pdserve::planner

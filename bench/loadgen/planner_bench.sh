@@ -20,11 +20,12 @@
 # and pool sizes over time). Every process it starts is ended by pid.
 #
 #   bench/loadgen/planner_bench.sh [--bin BUILD_DIR] [--out DIR] [--rounds 1]
-#       [--phase_s 90] [--setups "fixed_1p2d fixed_2p1d planner"] [--ttft_slo 3] [--itl_slo 0.06]
+#       [--phase_s 90] [--setups "fixed_1p2d fixed_2p1d planner"] [--ttft_slo 4] [--itl_slo 0.15]
+#       [--rate_scale 1]   # multiplies every phase's request rate
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/build" out="" rounds=1 phase_s=90 setups="fixed_1p2d fixed_2p1d planner"
-ttft_slo=3 itl_slo=0.06
+ttft_slo=4 itl_slo=0.15 rate_scale=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -34,6 +35,7 @@ while [ $# -gt 0 ]; do
     --setups) setups=$2; shift 2 ;;
     --ttft_slo) ttft_slo=$2; shift 2 ;;
     --itl_slo) itl_slo=$2; shift 2 ;;
+    --rate_scale) rate_scale=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,14 +51,15 @@ bench_model "$model" "$bin"
 bench_machine_info "$out/machine.txt" "$root"
 
 # name rate prompt_len output_len: sized for the bench model on this
-# 2-core machine shared with other work (measured at a load average of
-# 6-11: one worker prefills ~300 prompt tokens/s; a decode worker streams
-# ~170-190 tokens/s at most, 13 ms per token alone, ~40 ms at 8 sequences),
-# so that each phase saturates one pool of a 1-worker split.
+# 2-core machine while it is shared with other work (measured at a load
+# average of 15-16: one worker prefills ~180 prompt tokens/s; a decode
+# worker streams ~80 tokens/s to one sequence, far less per sequence at 4),
+# so that each phase saturates one pool of a 1-worker split. On an idle
+# machine raise the rates (--rate_scale).
 phases=(
-  "prefill_heavy 1.0 uniform:192:320 fixed:8"
-  "decode_heavy 1.0 uniform:16:48 uniform:96:160"
-  "mixed 0.8 uniform:128:256 uniform:32:96"
+  "prefill_heavy 0.6 uniform:192:320 fixed:8"
+  "decode_heavy 0.5 uniform:16:48 uniform:96:160"
+  "mixed 0.4 uniform:128:256 uniform:32:96"
 )
 
 planner_pid=""
@@ -75,6 +78,7 @@ run_phases() {  # setup round router
   echo "{\"setup\": \"$1\", \"round\": $2, \"start\": $start, \"phase_s\": $phase_s}" > "$out/$1-round$2.times.json"
   for p in "${phases[@]}"; do
     read -r name rate prompt output <<<"$p"
+    rate=$(python3 -c "print($rate * $rate_scale)")
     now=$(date +%s.%N)
     sleep "$(python3 -c "print(max(0.0, $start + $i * $phase_s - $now))")"
     echo "  $name: load average $(loadavg) at start" >> "$out/machine.txt"

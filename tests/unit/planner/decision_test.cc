@@ -29,6 +29,7 @@ struct Truth {
 struct Demand {
   double prompt_tokens_per_s = 0;
   double output_tokens_per_s = 0;
+  double kv_usage = 0.3;
   bool drop_itl = false;         // the ITL series is absent
   bool drop_everything = false;  // no scrape answered
 };
@@ -55,7 +56,7 @@ Observation Observe(absl::Time t, const Truth& truth, const Demand& d, PerPool<i
   o.output_tokens_per_s = std::min(d.output_tokens_per_s, 0.98 * truth.decode_x_max * sizes.decode);
   o.prefill_queued_tokens = 0;
   o.decode_sequences = 10;
-  o.decode_kv_usage = 0.3;
+  o.decode_kv_usage = d.kv_usage;
   o.ready_workers = {sizes.prefill, sizes.decode};
   return o;
 }
@@ -197,7 +198,7 @@ TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // (which the planner cannot see, and must not guess at).
   Trace t = Simulate(TestOptions(), {1, 1}, 90, [](int i) {
     Demand d{400, 400};
-    if (i >= 40) d = Demand{400, 0, /*drop_itl=*/true};
+    if (i >= 40) d = Demand{.prompt_tokens_per_s = 400, .output_tokens_per_s = 0, .drop_itl = true};
     if (i >= 60) d.drop_everything = true;
     return d;
   });
@@ -268,6 +269,18 @@ TEST(PlannerDecisionTest, BudgetMovesWorkersToThePoolUnderPressure) {
     budget_said |=
         d.pools.decode.reason == Reason::kBudget || d.pools.prefill.reason == Reason::kBudget;
   EXPECT_TRUE(budget_said);
+}
+
+TEST(PlannerDecisionTest, AFullDecodeKvCacheAddsAWorkerWhateverTheLatency) {
+  // Light load, fine latency, but the KV cache is 95% used from interval 10.
+  Trace t = Simulate(TestOptions(), {1, 1}, 30, [](int i) {
+    Demand d{300, 60};
+    if (i >= 10 && i < 12) d.kv_usage = 0.95;
+    return d;
+  });
+  EXPECT_EQ(t.sizes[9].decode, 1);
+  EXPECT_EQ(t.decisions[10].pools.decode.reason, Reason::kKvPressure);
+  EXPECT_EQ(t.sizes[10].decode, 2);
 }
 
 TEST(PlannerDecisionTest, LimitsHoldAndAreNamed) {

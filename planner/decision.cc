@@ -181,7 +181,9 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
       const double per_worker = d.forecast_load / fewer;
       const bool predicted_ok =
           LatencyModel::Predict(*fit, per_worker) <= options_.scale_down_target * slo;
-      const bool observed_ok = !measured || *latency <= options_.scale_down_target * slo;
+      // Under load, only a measured latency is evidence; an idle pool may shrink.
+      const bool observed_ok =
+          measured ? *latency <= options_.scale_down_target * slo : d.forecast_load == 0;
       const bool known_load =
           per_worker <= options_.extrapolation_limit * fit->max_observed_x || d.forecast_load == 0;
       if (predicted_ok && observed_ok && known_load) {
@@ -289,7 +291,7 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
       absl::StrAppend(&d.detail, "; wants ", d.desired, ", cooling down");
       d.desired = d.current;
       d.reason = Reason::kCooldown;
-    } else if (now - *st.down_since < options_.stabilization ||
+    } else if (now - *st.down_since < options_.stabilization * st.backoff ||
                st.max_want_since_down >= d.current) {
       absl::StrAppend(&d.detail, "; wants ", d.desired, ", stabilizing");
       d.desired = d.current;
@@ -330,6 +332,17 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
 
 void Planner::Applied(Pool pool, int replicas, absl::Time time) {
   PoolState& st = state_[pool];
+  const int before = st.last_current.value_or(replicas);
+  // A scale-up soon after a scale-down undoes it: wait longer next time.
+  // A long quiet spell forgives.
+  if (st.last_down.has_value() && time - *st.last_down > 10 * options_.stabilization * st.backoff) {
+    st.backoff = 1;
+  }
+  if (replicas > before && st.last_down.has_value() &&
+      time - *st.last_down < 4 * options_.stabilization * st.backoff) {
+    st.backoff = std::min(8, st.backoff * 2);
+  }
+  if (replicas < before) st.last_down = time;
   st.last_change = time;
   st.last_applied = replicas;
   st.down_since.reset();

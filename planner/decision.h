@@ -19,8 +19,12 @@
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
 //      no more than `extrapolation_limit` x the highest the model has seen.
+//      With load, a scale-down also needs the latency measured (a window
+//      with too few requests is no evidence); an idle pool may shrink.
 //      A scale-down must have been wanted for `stabilization` (then to the
-//      largest size wanted meanwhile), one worker at a time.
+//      largest size wanted meanwhile), one worker at a time; a scale-down
+//      that had to be undone soon after doubles the pool's stabilization
+//      for the next one (up to 8x, back to 1x after a quiet spell).
 //   5. Cool-downs. No scale-up within `scale_up_cooldown` of the pool's
 //      last change, no scale-down within `scale_down_cooldown`; up by at
 //      most `max_step_up` at once.
@@ -133,6 +137,8 @@ class Planner {
     std::optional<int> last_applied;
     std::optional<absl::Time> down_since;  // wanted fewer continuously since
     int max_want_since_down = 0;
+    std::optional<absl::Time> last_down;  // the last scale-down applied
+    int backoff = 1;                      // x stabilization, after undone scale-downs
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
   PoolDecision Want(Pool pool, const Observation& o, int current);

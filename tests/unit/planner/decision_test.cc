@@ -192,6 +192,42 @@ TEST(PlannerDecisionTest, FlappingInputDoesNotFlapThePool) {
   EXPECT_GE(t.sizes.back().decode, 3);
 }
 
+TEST(PlannerDecisionTest, AnUndoneScaleDownWaitsLongerNextTime) {
+  // Decode demand that needs 3 workers for 1 minute in every 3 (ten
+  // cycles). Each scale-down is undone within the cycle; the wait before
+  // the next one doubles each time, so the pool stops shrinking into every
+  // lull (without the backoff it would shrink and grow in each cycle).
+  Trace t = Simulate(TestOptions(), {1, 3}, 180, [](int i) {
+    return Demand{300, i % 18 < 6 ? 400.0 : 100.0};
+  });
+  std::vector<int> downs;
+  for (size_t i = 1; i < t.sizes.size(); ++i) {
+    if (t.sizes[i].decode < t.sizes[i - 1].decode) downs.push_back(static_cast<int>(i));
+  }
+  EXPECT_GE(downs.size(), 1u);
+  EXPECT_LE(downs.size(), 4u) << "shrank into most lulls";
+  for (size_t k = 2; k < downs.size(); ++k) {
+    EXPECT_GT(downs[k] - downs[k - 1], downs[k - 1] - downs[k - 2]) << "gap " << k;
+  }
+}
+
+TEST(PlannerDecisionTest, UnmeasuredLatencyUnderLoadIsNoGroundToScaleDown) {
+  // Two decode workers, light load, but too few token gaps in each window
+  // to measure ITL: the model alone does not shrink a loaded pool.
+  Planner planner(TestOptions());
+  const absl::Time t0 = absl::FromUnixSeconds(1700000000);
+  PerPool<int> sizes{1, 2};
+  for (int i = 0; i < 10; ++i) {  // a model from measured windows first
+    planner.Decide(Observe(t0 + absl::Seconds(10 * i), Truth{}, Demand{300, 300}, sizes), sizes);
+  }
+  for (int i = 10; i < 40; ++i) {
+    Observation o = Observe(t0 + absl::Seconds(10 * i), Truth{}, Demand{300, 20}, sizes);
+    o.itl_count = 3;  // below min_itl_count
+    Decision d = planner.Decide(o, sizes);
+    EXPECT_EQ(d.pools.decode.desired, 2) << i;
+  }
+}
+
 TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // Load needs 3 decode workers; from interval 40 on the ITL series is
   // absent, from 60 on no scrape answers at all, and the demand collapses

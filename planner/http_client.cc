@@ -3,6 +3,8 @@
 // Debian's cpp-httplib is a compiled library built with TLS (its pkg-config
 // flags define CPPHTTPLIB_OPENSSL_SUPPORT for every user), so https works
 // here as for every other user of it in the project.
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "httplib.h"

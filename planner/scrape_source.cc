@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,7 +19,7 @@
 namespace pdserve::planner {
 namespace {
 
-// Every address `host` resolves to, as host:port strings ("" on failure).
+// Every address the host of `host_port` resolves to, as host:port strings.
 absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   if (colon == std::string::npos) {

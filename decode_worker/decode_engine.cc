@@ -109,7 +109,8 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     stream = std::make_shared<DecodeStream>(id, transfer_ids_.Id(id));
     entries_.emplace(id, Entry{.request_id = std::move(request.request_id),
                                .stream = stream,
-                               .num_generated = num_generated});
+                               .num_generated = num_generated,
+                               .admitted = absl::Now()});
     metrics_->requests_admitted.Increment();
     UpdateGaugesLocked();
   }
@@ -186,6 +187,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   }
   entry.awaiting_kv = false;
   ++entry.num_generated;
+  metrics_->kv_wait.Observe(absl::ToDoubleSeconds(absl::Now() - entry.admitted));
   absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
   if (!finish.ok()) {
     entry.stream->Push({.error = absl::InternalError(finish.status().message())});

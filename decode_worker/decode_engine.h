@@ -133,6 +133,7 @@ class DecodeEngine {
     bool awaiting_kv = true;
     bool cancelled = false;      // while awaiting KV: the receiver's cancel frees it
     int num_generated = 0;       // generated elsewhere, then pushed (the first one included)
+    absl::Time admitted;         // KV reserved
     absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;

@@ -277,6 +277,7 @@ void PrefillEngine::Loop() {
         if (!job.started_set) {
           job.started = start;
           job.started_set = true;
+          metrics_->queue_wait.Observe(absl::ToDoubleSeconds(start - job.enqueued));
           job.ticket->Start();  // its caller opens the KV session now
         }
         jobs.push_back(&job);

@@ -217,7 +217,7 @@ DecodeLoad DecodeEngine::load() const {
                   .preempted = scheduler_.num_waiting(),
                   .free_blocks = scheduler_.num_available_blocks(),
                   .total_blocks = scheduler_.kv().num_blocks(),
-                  .steps_completed = steps_completed_,
+                  .progress = steps_completed_,
                   .has_work = stepping_ && scheduler_.num_running() + scheduler_.num_waiting() > 0};
   constexpr int kUnhealthyAfter = 3;
   if (failed_steps_in_a_row_ >= kUnhealthyAfter) {

@@ -102,7 +102,7 @@ struct DecodeLoad {
   int total_blocks = 0;
   // Progress (the router's liveness judgement): steps completed since
   // start, and why the engine cannot serve (empty: it can).
-  uint64_t steps_completed = 0;
+  uint64_t progress = 0;
   bool has_work = false;  // the last plan had a step to run
   std::string unhealthy_reason;
 };

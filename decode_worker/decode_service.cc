@@ -6,16 +6,21 @@
 
 namespace pdserve::decode {
 
-grpc::Status DecodeService::Decode(grpc::ServerContext* context,
-                                   const internal::v1::DecodeJob* job,
+grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal::v1::DecodeJob* job,
                                    grpc::ServerWriter<internal::v1::DecodeEvent>* writer) {
   if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
-  DecodeRequest request{.request_id = job->request_id(),
-                        .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
-                        .generated = {job->generated_token_ids().begin(),
-                                      job->generated_token_ids().end()},
-                        .sampling = SamplingFromProto(job->sampling())};
+  if (absl::Status s =
+          CheckJobLists(job->prompt_token_ids_size(), job->generated_token_ids_size(),
+                        job->sampling(), engine_->model_config().max_position_embeddings);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  DecodeRequest request{
+      .request_id = job->request_id(),
+      .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+      .generated = {job->generated_token_ids().begin(), job->generated_token_ids().end()},
+      .sampling = SamplingFromProto(job->sampling())};
   absl::StatusOr<std::shared_ptr<DecodeStream>> stream = engine_->Admit(std::move(request));
   if (!stream.ok()) return ToGrpcStatus(stream.status());
 
@@ -43,7 +48,8 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context,
       }
       for (const engine::SampledToken& t : out.tokens) {
         tokens.mutable_tokens()->add_token_ids(t.token);
-        if (job->sampling().logprobs() >= 0) *tokens.mutable_tokens()->add_logprobs() = LogprobsToProto(t);
+        if (job->sampling().logprobs() >= 0)
+          *tokens.mutable_tokens()->add_logprobs() = LogprobsToProto(t);
       }
       if (out.finished) {
         if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {

@@ -78,7 +78,7 @@ struct PrefillEngineOptions {
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
   int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
-  double peak_flops = 0;             // FLOP/s for the MFU gauge; 0: unknown
+  double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
   absl::Duration send_drain_timeout = absl::Seconds(10);
 };
@@ -99,6 +99,7 @@ class PrefillEngine {
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);

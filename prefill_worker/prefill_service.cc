@@ -15,17 +15,23 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   if (job->prompt_token_ids_size() == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids is empty");
   }
+  if (absl::Status s =
+          CheckJobLists(job->prompt_token_ids_size(), job->generated_token_ids_size(),
+                        job->sampling(), engine_->model_config().max_position_embeddings);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (job->kv_target().endpoint().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "kv_target.endpoint is empty");
   }
-  auto session = sender_->Open(job->kv_target().endpoint(), job->kv_target().transfer_id(),
-                               engine_->SpecFor(job->prompt_token_ids_size() +
-                                                job->generated_token_ids_size()));
+  auto session = sender_->Open(
+      job->kv_target().endpoint(), job->kv_target().transfer_id(),
+      engine_->SpecFor(job->prompt_token_ids_size() + job->generated_token_ids_size()));
   if (!session.ok()) {
-    return ToGrpcStatus(absl::Status(session.status().code(),
-                                     absl::StrCat("cannot open KV transfer to ",
-                                                  job->kv_target().endpoint(), ": ",
-                                                  session.status().message())));
+    return ToGrpcStatus(
+        absl::Status(session.status().code(),
+                     absl::StrCat("cannot open KV transfer to ", job->kv_target().endpoint(), ": ",
+                                  session.status().message())));
   }
   PrefillRequest request{
       .request_id = job->request_id(),

@@ -520,11 +520,16 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
     // A worker that does not answer (stopped, hung) is given up after the
     // stall timeout; the call's deadline bounds the wait in any case.
     absl::Duration wait = job_.deadline - absl::Now();
+    // The request's own deadline, not the worker's silence, ends this wait:
+    // running out of it says nothing about the worker.
+    const bool deadline_bounds_wait =
+        options_.stall_timeout <= absl::ZeroDuration() || wait <= options_.stall_timeout;
     if (options_.stall_timeout > absl::ZeroDuration()) {
       wait = std::min(wait, options_.stall_timeout);
     }
     grpc::Status refusal;
     bool cancelled = false;
+    bool timed_out = false;
     {
       absl::MutexLock lock(&mu_);
       auto answered = [call]() { return call->reserved || call->done; };
@@ -537,6 +542,7 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
       }
       pending_decode_ = nullptr;  // refused, silent or cancelled
       call->early.clear();
+      timed_out = !in_time;
       refusal = in_time ? call->status
                         : grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                        absl::StrCat("no reservation from ", worker.id, " within ",
@@ -544,6 +550,10 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
     }
     call->Cancel();  // no effect on a call that ended
     if (cancelled) return absl::CancelledError("cancelled");
+    if (timed_out && deadline_bounds_wait) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("deadline exceeded waiting for a KV reservation from ", worker.id));
+    }
     if (refusal.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return frontend::WithRejectReason(FromGrpcStatus(refusal), "invalid_argument");
     }

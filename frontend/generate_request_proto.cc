@@ -79,11 +79,14 @@ absl::Status CheckWire(const Descriptor& descriptor, std::string_view bytes,
     const FieldDescriptor* fd = descriptor.FindFieldByNumber(number);
     const std::optional<int> limit = WireLimit(*fd, limits);
     if (!limit.has_value() || count <= *limit) continue;
-    // The prompt's ids are named as the request's other errors name them.
-    const bool prompt = fd->full_name() == "pdserve.v1.TokenIds.ids";
-    return FieldError(prompt ? std::string("token_ids") : absl::StrCat(prefix, fd->name()),
-                      absl::StrCat(" holds ", count, " entries; at most ", *limit,
-                                   prompt ? " (the model's context)" : ""));
+    // The prompt's ids are named as validation names a prompt too long for
+    // the context.
+    if (fd->full_name() == "pdserve.v1.TokenIds.ids") {
+      return FieldError("input", absl::StrCat(": the prompt has ", count,
+                                              " token ids; the model context is ", *limit));
+    }
+    return FieldError(absl::StrCat(prefix, fd->name()),
+                      absl::StrCat(" holds ", count, " entries; at most ", *limit));
   }
   return absl::OkStatus();
 }

@@ -29,9 +29,10 @@ std::optional<int> WireLimit(const google::protobuf::FieldDescriptor& field,
                              const DecodeLimits& limits);
 
 // Wire bytes -> message. INVALID_ARGUMENT naming the first string field
-// that is not valid UTF-8, a repeated field over its limit ("sampling.stop_token_ids
-// holds 5000 entries; at most 1024"), or saying the bytes are no
-// GenerateRequest.
+// that is not valid UTF-8, a repeated field over its limit
+// ("sampling.stop_token_ids holds 5000 entries; at most 1024"; prompt ids
+// beyond the context are named "input", as validation names them), or
+// saying the bytes are no GenerateRequest.
 absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(std::string_view bytes,
                                                          const DecodeLimits& limits = {});
 

@@ -484,7 +484,7 @@ TEST_F(OverloadTest, OversizedListsAreRefusedNamingTheField) {
     v1::GenerateRequest r;
     for (int i = 0; i < 5000; ++i) r.mutable_token_ids()->add_ids(65);
     r.mutable_sampling()->set_max_tokens(4);
-    grpc_cases.push_back({r, "token_ids"});
+    grpc_cases.push_back({r, "input"});  // as a prompt too long for the context
   }
   int grpc_named = 0;
   for (const GrpcCase& c : grpc_cases) {

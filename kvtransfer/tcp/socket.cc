@@ -189,8 +189,6 @@ Connection::Connection(int fd) : fd_(fd) {
   if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
     peer_ = SockaddrToString(reinterpret_cast<sockaddr*>(&addr));
     peer_host_ = SockaddrHost(reinterpret_cast<sockaddr*>(&addr));
-  } else {
-    peer_ = peer_host_ = "?";
   }
 }
 

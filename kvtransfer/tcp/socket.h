@@ -102,8 +102,8 @@ class Connection {
 
  private:
   const int fd_;
-  std::string peer_;
-  std::string peer_host_;
+  std::string peer_{"?"};
+  std::string peer_host_{"?"};
 };
 
 // A listening TCP socket (non-blocking, close-on-exec).

@@ -124,6 +124,7 @@ class DecodeEngine {
 
   DecodeLoad load() const;
   const std::string& kv_endpoint() const { return kv_endpoint_; }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
  private:
   // Per admitted request: its stream and what the scheduler does not keep.

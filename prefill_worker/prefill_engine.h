@@ -131,6 +131,7 @@ class PrefillEngine {
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);

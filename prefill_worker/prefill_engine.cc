@@ -1,5 +1,6 @@
 #include "prefill_worker/prefill_engine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -264,6 +265,14 @@ void PrefillEngine::Loop() {
       if (stop_) return;
       wake_ = false;
       const absl::Time plan_start = absl::Now();
+      if (options_.step_target > absl::ZeroDuration() && tokens_per_second_ > 0) {
+        const int floor = options_.max_prefill_chunk_tokens > 0 ? options_.max_prefill_chunk_tokens
+                                                                : options_.max_batch_tokens;
+        const double timed = tokens_per_second_ * absl::ToDoubleSeconds(options_.step_target);
+        scheduler_.set_step_token_limit(std::min(
+            options_.max_batch_tokens,
+            std::max(floor, static_cast<int>(std::min<double>(timed, options_.max_batch_tokens)))));
+      }
       step = scheduler_.Schedule();
       start = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));

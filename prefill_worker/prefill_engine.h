@@ -100,7 +100,12 @@ class PrefillTicket {
 struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
-  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  // Steps last about this long: their new tokens are capped at the measured
+  // rate times this, never below one chunk (a whole prompt unchunked) nor
+  // above max_batch_tokens. Bounds how long a cancelled prompt, or a newly
+  // arrived one, waits for the step in progress. Zero: max_batch_tokens.
+  absl::Duration step_target = absl::ZeroDuration();
+  int max_queued_requests = 1024;  // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
   double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.

@@ -41,9 +41,7 @@ class ColocatedGeneration final : public frontend::Generation {
   }
 
   void Cancel() override {
-    if (cancelled_.exchange(true)) return;
-    engine_->Cancel(*stream_);
-    stream_->Close();  // wakes a Next that waits
+    if (!cancelled_.exchange(true)) engine_->Cancel(*stream_);
   }
 
   frontend::Placement placement() const override {

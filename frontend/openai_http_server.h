@@ -11,9 +11,7 @@
 // response (sent once complete, chunked) is cut off. A client that closes
 // its connection cancels its request: the worker calls are cancelled and
 // their KV freed (noticed at the next write, or within `poll` while no
-// token is due). A waiting request's thread sleeps until a token, the end,
-// its deadline or `poll`: HTTP offers no event for a client that left, so
-// `poll` is a long one.
+// token is due).
 //
 // Connections: the server's event thread reads each request (its head within
 // `header_timeout`, its body within `body_timeout`) before a handler thread
@@ -57,7 +55,7 @@ struct OpenAiHttpOptions {
   // Largest request body; larger ones get 413.
   int64_t max_body_bytes = int64_t{64} << 20;
   // How often a waiting request checks that its client is still there.
-  absl::Duration poll = absl::Seconds(1);
+  absl::Duration poll = absl::Milliseconds(20);
 };
 
 class OpenAiHttpServer {

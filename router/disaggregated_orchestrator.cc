@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <functional>
 #include <optional>
 #include <set>
 #include <utility>
@@ -197,14 +196,12 @@ class DisaggregatedGeneration final : public frontend::Generation {
     bool place = false;
     {
       absl::MutexLock lock(&mu_);
-      if (ready_callback_ == nullptr || ready_.empty()) {
-        mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked),
-                             timeout);
+      mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked),
+                           timeout);
+      while (!ready_.empty()) {
+        out->push_back(std::move(ready_.front()));
+        ready_.pop_front();
       }
-      wake_next_ = false;
-      // Push mode: events are polled; a failure comes after them.
-      if (ready_callback_ != nullptr && !ready_.empty()) return absl::OkStatus();
-      TakeReadyLocked(out);
       if (!out->empty()) return absl::OkStatus();
       if (!failure_.ok()) return failure_;
       if (cancelled_) return absl::CancelledError("cancelled");
@@ -247,27 +244,13 @@ class DisaggregatedGeneration final : public frontend::Generation {
     return placement_;
   }
 
-  bool SetReadyCallback(std::function<void()> ready) override {
-    absl::MutexLock lock(&mu_);
-    ready_callback_ = std::move(ready);
-    return true;
-  }
-  void Poll(std::vector<GenerationEvent>* out) override {
-    absl::MutexLock lock(&mu_);
-    TakeReadyLocked(out);
-  }
-
   // The watch thread: fails the current attempt when a worker serving it is
   // out of service (judged by the registry), or a prefill worker has not
   // accepted the prompt within the stall timeout.
   void Watch(absl::Time now, const Judgements& judgements);
 
-  // The calls' reactions. OnDecodeEvent: true when the session is to be
-  // told (NotifyReady, with mu_ released) that events can be polled.
-  bool OnDecodeEvent(DecodeCall* call, DecodeEvent event);
-  // Without mu_: ready_callback_ is set once, before the first Next, so
-  // before OnDecodeEvent (under mu_) can say to notify.
-  void NotifyReady() ABSL_NO_THREAD_SAFETY_ANALYSIS { ready_callback_(); }
+  // The calls' reactions.
+  void OnDecodeEvent(DecodeCall* call, DecodeEvent event);
   void OnDecodeDone(DecodeCall* call, const grpc::Status& status);
   void OnPrefillEvent(PrefillCall* call, PrefillEvent event);
   void OnPrefillDone(PrefillCall* call, const grpc::Status& status);
@@ -287,18 +270,9 @@ class DisaggregatedGeneration final : public frontend::Generation {
     }
     return true;
   }
-  // What ends Next's wait. In push mode token events do not (they are
-  // polled); the first token and the end do (wake_next_, finished_).
   bool NextReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool events = ready_callback_ == nullptr ? !ready_.empty() : wake_next_ || finished_;
-    return events || !failure_.ok() || cancelled_ || attempt_failure_.has_value() ||
+    return !ready_.empty() || !failure_.ok() || cancelled_ || attempt_failure_.has_value() ||
            (queued_ && granted_);
-  }
-  void TakeReadyLocked(std::vector<GenerationEvent>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (!ready_.empty()) {
-      out->push_back(std::move(ready_.front()));
-      ready_.pop_front();
-    }
   }
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (failure_.ok() && !cancelled_) failure_ = std::move(status);
@@ -372,10 +346,6 @@ class DisaggregatedGeneration final : public frontend::Generation {
   std::vector<int32_t> generated_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GenerationEvent> ready_ ABSL_GUARDED_BY(mu_);
-  // Push mode: set once (SetReadyCallback), then called without mu_.
-  std::function<void()> ready_callback_ ABSL_GUARDED_BY(mu_);
-  // Push mode: events Next must take (the first token) are queued.
-  bool wake_next_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   frontend::Placement placement_ ABSL_GUARDED_BY(mu_);
@@ -383,7 +353,7 @@ class DisaggregatedGeneration final : public frontend::Generation {
 
 void DecodeCall::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
-  if (owner_->OnDecodeEvent(this, std::move(event_))) owner_->NotifyReady();
+  owner_->OnDecodeEvent(this, std::move(event_));
   event_.Clear();
   StartRead(&event_);
 }
@@ -399,22 +369,20 @@ void PrefillCall::OnReadDone(bool ok) {
 
 void PrefillCall::OnDone(const grpc::Status& status) { owner_->OnPrefillDone(this, status); }
 
-bool DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event) {
+void DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event) {
   absl::MutexLock lock(&mu_);
   if (event.event_case() == DecodeEvent::kReserved) {
     call->reserved = true;
     call->kv_target = event.reserved().kv_target();
-    return false;
+    return;
   }
   if (call != current_decode_) {
     // Not yet current (kept for StartAttempt), or a failed attempt's.
-    if (call != pending_decode_) return false;
+    if (call != pending_decode_) return;
     call->early.push_back(std::move(event));
-    return false;
+    return;
   }
-  const size_t queued = ready_.size();
   HandleDecodeEventLocked(call, std::move(event));
-  return ready_callback_ != nullptr && ready_.size() > queued;
 }
 
 void DisaggregatedGeneration::HandleDecodeEventLocked(DecodeCall* call, DecodeEvent event) {
@@ -548,7 +516,6 @@ void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Statu
           held_.pop_front();
         }
         attempt_first_out_ = true;
-        wake_next_ = true;  // push mode: Next takes the first token
       }
     }
   }

@@ -7,13 +7,10 @@
 // deadline never takes a worker out of service, a worker without room
 // queues the request instead of failing it, and the attempts are bounded.
 // The scripted "model" generates token 10 + i at generated position i, so
-// any gap or repeat shows in the stream. Every test runs twice: read with
-// Next alone, and in push mode (the ready callback and Poll, as the gRPC
-// adapter reads it).
+// any gap or repeat shows in the stream.
 #include <atomic>
 #include <memory>
 #include <thread>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -133,11 +130,9 @@ class FakeDecode final : public internal::v1::DecodeWorker::Service {
   const absl::Duration* const pause_;  // before each token
 };
 
-// The parameter: whether Generate reads in push mode.
-class OrchestratorFaultTest : public ::testing::TestWithParam<bool> {
+class OrchestratorFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    push_ = GetParam();
     for (int i = 0; i < 2; ++i) {
       prefills_.push_back(std::make_unique<FakePrefill>(&prefill_failures_, &prefill_silent_));
       decodes_.push_back(
@@ -169,14 +164,8 @@ class OrchestratorFaultTest : public ::testing::TestWithParam<bool> {
     std::vector<int32_t> tokens;
     bool finished = false;
     engine::FinishReason finish_reason = engine::FinishReason::kNone;
-    int next_calls = 0;
-    int callbacks = 0;  // push mode: ready callbacks
   };
-  // Starts a job and reads it to its end (bounded). With push_, in push
-  // mode, as the gRPC adapter reads it: the ready callback polls on the
-  // gRPC thread, Next (with long waits: events must end them) only for what
-  // else comes, and a Poll after each Next; `mu` serializes the polls as the
-  // session's lock does.
+  // Starts a job and reads it to its end (bounded).
   Run Generate(DisaggregatedOrchestrator& orchestrator, int max_tokens,
                engine::SamplingParams sampling = {}, absl::Duration deadline = absl::Seconds(20)) {
     frontend::GenerationJob job{.request_id = "r", .prompt = {1, 2, 3}};
@@ -189,37 +178,16 @@ class OrchestratorFaultTest : public ::testing::TestWithParam<bool> {
       run.status = generation.status();
       return run;
     }
-    frontend::Generation* const g = generation->get();
-    absl::Mutex mu;
-    std::vector<frontend::GenerationEvent> polled;
-    int callbacks = 0;
-    if (push_) {
-      EXPECT_TRUE(g->SetReadyCallback([&] {
-        absl::MutexLock lock(&mu);
-        g->Poll(&polled);
-        ++callbacks;
-      }));
-    }
-    const absl::Duration wait = push_ ? absl::Seconds(5) : absl::Milliseconds(50);
     while (!run.finished && absl::Now() < job.deadline) {
       std::vector<frontend::GenerationEvent> events;
-      run.status = g->Next(wait, &events);
-      ++run.next_calls;
-      if (push_) {
-        EXPECT_TRUE(events.empty()) << "push mode: Next appends nothing";
-        absl::MutexLock lock(&mu);
-        g->Poll(&polled);
-        events = std::exchange(polled, {});
-        run.callbacks = callbacks;
-      }
+      run.status = (*generation)->Next(absl::Milliseconds(50), &events);
+      if (!run.status.ok()) break;
       for (const auto& e : events) {
         run.tokens.insert(run.tokens.end(), e.tokens.begin(), e.tokens.end());
         run.finished |= e.finished;
         if (e.finished) run.finish_reason = e.finish_reason;
       }
-      if (!run.status.ok()) break;
     }
-    generation->reset();  // waits for the calls, and so for the callbacks
     return run;
   }
   static std::vector<int32_t> Expected(int n) {
@@ -275,7 +243,6 @@ class OrchestratorFaultTest : public ::testing::TestWithParam<bool> {
   Fault decode_fault_ = Fault::kNone;
   std::atomic<int> decode_faults_{0};  // the next this many Decode calls get decode_fault_
   absl::Duration decode_pause_ = absl::Milliseconds(2);  // before each decode token
-  bool push_ = false;  // Generate reads in push mode (the parameter)
   WorkerRegistry registry_{
       RegistryOptions{.ttl = absl::Seconds(30), .hang_timeout = absl::Milliseconds(300)}};
   LeastLoadedPolicy policy_;
@@ -298,7 +265,7 @@ class SlowPrefillPickPolicy final : public LeastLoadedPolicy {
   }
 };
 
-TEST_P(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
+TEST_F(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
   SlowPrefillPickPolicy slow;
   DisaggregatedOrchestrator orchestrator(&registry_, &slow, &metrics_, {.max_attempts = 1});
   const Run run = Generate(orchestrator, 12);
@@ -311,7 +278,7 @@ TEST_P(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
 // the thread that waits for the reservation has accepted it; they are kept.
 // (They used to be dropped in that window: a lost token, then the migration
 // of a silent stream repeated one.)
-TEST_P(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
+TEST_F(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
   decode_pause_ = absl::ZeroDuration();
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
   for (int i = 0; i < 50; ++i) {
@@ -322,7 +289,7 @@ TEST_P(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
   }
 }
 
-TEST_P(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
+TEST_F(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
   prefill_failures_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
   const Run run = Generate(orchestrator, 12);
@@ -335,7 +302,7 @@ TEST_P(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
   EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 0);
 }
 
-TEST_P(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
+TEST_F(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
   decode_fault_ = Fault::kCut;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
@@ -362,7 +329,7 @@ TEST_P(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
 // run (EOS, or a stop token id of the request) lost only its finish: the
 // stream finishes with reason stop and nothing is generated past the token.
 // The cut comes after the fourth token, TokenAt(3).
-TEST_P(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
+TEST_F(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
   engine::ModelConfig model;
   model.max_position_embeddings = 1024;
   model.eos_token_ids = {TokenAt(3)};
@@ -391,7 +358,7 @@ TEST_P(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
 
 // With ignore_eos the same EOS token does not end the run: the request
 // migrates and generates to max_tokens.
-TEST_P(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
+TEST_F(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
   engine::ModelConfig model;
   model.max_position_embeddings = 1024;
   model.eos_token_ids = {TokenAt(3)};
@@ -411,7 +378,7 @@ TEST_P(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
 // A decode worker that stops streaming for longer than the stall timeout
 // while its steps keep moving (it is busy, e.g. preempted work) keeps the
 // request: slowness is not failure.
-TEST_P(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
+TEST_F(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
   decode_fault_ = Fault::kPause;
   decode_faults_ = 1;
   for (auto& d : decodes_) d->pause_for = absl::Seconds(1);
@@ -433,7 +400,7 @@ TEST_P(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
 
 // The same silence on a worker that heartbeats with work but completes no
 // step (its engine hung) moves the request after the hang timeout.
-TEST_P(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
+TEST_F(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
   decode_fault_ = Fault::kSilent;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(
@@ -457,7 +424,7 @@ TEST_P(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
 
 // A worker that left the pool (its heartbeats stopped: the registry dropped
 // it) loses its requests to another worker at once.
-TEST_P(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
+TEST_F(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
   decode_fault_ = Fault::kSilent;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
@@ -475,7 +442,7 @@ TEST_P(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
 // A prefill worker that takes the call but never accepts the prompt within
 // the stall timeout is given up for this request; the request is served
 // elsewhere and the worker stays in service.
-TEST_P(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlame) {
+TEST_F(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlame) {
   prefill_silent_ = 1;
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,
@@ -491,7 +458,7 @@ TEST_P(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlam
 // A client whose deadline is shorter than a reservation takes gets
 // DEADLINE_EXCEEDED; the decode workers stay in service, and the next
 // client is served.
-TEST_P(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
+TEST_F(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
   for (auto& d : decodes_) d->reserve_delay = absl::Milliseconds(100);
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,
@@ -509,7 +476,7 @@ TEST_P(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
 
 // Every decode worker without room: the request waits in the admission
 // queue (Start returns it) and is served once room comes, not failed.
-TEST_P(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
+TEST_F(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
   decode_fault_ = Fault::kFull;
   decode_faults_ = 6;  // refused three times by each of the two
   DisaggregatedOrchestrator orchestrator(
@@ -522,28 +489,9 @@ TEST_P(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
   EXPECT_EQ(orchestrator.queued(), 0);
 }
 
-// Push mode (what the gRPC adapter uses): tokens come through the ready
-// callback and Poll, in order; Next wakes for the first token and the end,
-// not per token. (Every test runs in both modes: faults and the admission
-// queue are handled alike.)
-TEST_P(OrchestratorFaultTest, PushModeRelaysTokensThroughTheCallback) {
-  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
-  const Run run = Generate(orchestrator, 24);
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  EXPECT_TRUE(run.finished);
-  EXPECT_EQ(run.tokens, Expected(24));
-  if (push_) {
-    EXPECT_GE(run.callbacks, 1);
-    // First token, the end, and perhaps one more: not one per token.
-    EXPECT_LE(run.next_calls, 4);
-  } else {
-    EXPECT_EQ(run.callbacks, 0);
-  }
-}
-
 // With the queue full, a request that cannot be placed is refused at once
 // with RESOURCE_EXHAUSTED, reason overloaded, and a retry hint.
-TEST_P(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
+TEST_F(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
   decode_fault_ = Fault::kFull;
   decode_faults_ = 1000000;
   DisaggregatedOrchestrator orchestrator(
@@ -571,7 +519,7 @@ TEST_P(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
 // Workers that come and go on new addresses (pods restarted elsewhere) do
 // not leave their channels behind: each round serves on a fresh pair and
 // the channels of the pairs that left are dropped once no call holds them.
-TEST_P(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
+TEST_F(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
   std::vector<std::string> ids = {"prefill0", "prefill1", "decode0", "decode1"};
   for (int round = 0; round < 5; ++round) {
@@ -590,7 +538,7 @@ TEST_P(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
   }
 }
 
-TEST_P(OrchestratorFaultTest, AttemptsAreBounded) {
+TEST_F(OrchestratorFaultTest, AttemptsAreBounded) {
   prefill_failures_ = 100;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 2});
   const Run run = Generate(orchestrator, 12);
@@ -603,11 +551,6 @@ TEST_P(OrchestratorFaultTest, AttemptsAreBounded) {
   // stay in service.
   EXPECT_EQ(registry_.Live(Role::kPrefill, absl::Now()).size(), 2u);
 }
-
-INSTANTIATE_TEST_SUITE_P(ThreadAndPushMode, OrchestratorFaultTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Push" : "Thread";
-                         });
 
 }  // namespace
 }  // namespace pdserve::router

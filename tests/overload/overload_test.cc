@@ -122,7 +122,11 @@ class OverloadTest : public ::testing::Test {
 // prefill queue) for far longer than the stall timeout, which judges only
 // the workers' own progress. Every request is served.
 TEST_F(OverloadTest, ABurstWaitsAndIsServed) {
-  LocalCluster cluster(Options(1, 1, {"--stall_timeout_ms=1000"}));
+  // The clients wait up to 600 s, and so may the router's queue: on a busy
+  // machine the burst takes longer than the default longest wait (120 s),
+  // which would refuse the last requests (rightly, with a retry hint).
+  LocalCluster cluster(
+      Options(1, 1, {"--stall_timeout_ms=1000", "--max_queue_wait_ms=600000"}));
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = cluster.NewClient();
   constexpr int kRequests = 200;

@@ -103,7 +103,7 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
 class PrefillCall final : public grpc::ClientReadReactor<PrefillEvent> {
  public:
   PrefillCall(DisaggregatedGeneration* owner, WorkerView worker)
-      : owner_(owner), worker(std::move(worker)) {}
+      : worker(std::move(worker)), owner_(owner) {}
 
   void Begin(DisaggregatedOrchestrator::WorkerChannel<internal::v1::PrefillWorker> ch) {
     channel = std::move(ch);

@@ -1,4 +1,4 @@
-#include "decode_worker/colocated_engine.h"
+#include "colocated/colocated_engine.h"
 
 #include <utility>
 

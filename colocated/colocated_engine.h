@@ -32,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/output_queue.h"
-#include "decode_worker/colocated_metrics.h"
+#include "colocated/colocated_metrics.h"
 #include "engine/runtime/finish.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"

@@ -1,4 +1,4 @@
-#include "decode_worker/colocated_orchestrator.h"
+#include "colocated/colocated_orchestrator.h"
 
 #include <atomic>
 

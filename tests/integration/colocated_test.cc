@@ -1,4 +1,4 @@
-// The colocated baseline (decode_worker/colocated_*, pdserve_colocated; its
+// The colocated baseline (colocated/colocated_*, pdserve_colocated; its
 // step planning is the scheduler core's, tested in scheduler_test), as the
 // real process on loopback:
 // generations equal the in-process engine token for token, concurrent
@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
-#include "decode_worker/colocated_engine.h"
+#include "colocated/colocated_engine.h"
 #include "engine/runtime/generator.h"
 #include "tools/model_writer.h"
 #include "engine/runner_factory.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 
 namespace pdserve::decode {
 

@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
-#include "common/output_queue.h"
+#include "common/base/output_queue.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/runtime/finish.h"
 #include "engine/runtime/model_runner.h"

@@ -11,7 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "common/process_metrics.h"
 #include "frontend/errors.h"
 #include "frontend/openai_protocol.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "engine/cuda/cuda_status.h"
 #include "kvtransfer/device/kv_copy.cuh"
 #include "kvtransfer/handshake.h"

@@ -32,7 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/model_shapes.h"
 #include "bench/random_weights.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "engine/cpu/cpu_model_runner.h"
 #include "engine/cuda/cuda_compat.h"
 #include "engine/cuda/cuda_model_runner.h"

@@ -42,7 +42,7 @@
 #include "bench/model_shapes.h"
 #include "bench/random_weights.h"
 #include "common/base/cli.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "engine/cuda/cuda_model_runner.h"
 #include "engine/cuda/cuda_peaks.h"
 #include "engine/model/config.h"

@@ -175,7 +175,7 @@ int Main() {
           out.mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(),
                                                     load.cached_block_hashes.end());
           out.set_draining(service.draining());
-          out.set_steps_completed(load.steps_completed);
+          out.set_progress(load.progress);
           out.set_has_work(load.has_work);
           out.set_unhealthy_reason(load.unhealthy_reason);
           out.set_tokens_per_second(load.tokens_per_second);

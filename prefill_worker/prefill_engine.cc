@@ -231,7 +231,7 @@ PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
   PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
                    .queued_requests = static_cast<int>(jobs_.size()),
-                   .steps_completed = steps_completed_,
+                   .progress = steps_completed_ + layers_computed_.load(),
                    .has_work = stepping_ && !jobs_.empty(),
                    .tokens_per_second = tokens_per_second_};
   if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
@@ -277,6 +277,7 @@ void PrefillEngine::Loop() {
         if (!job.started_set) {
           job.started = start;
           job.started_set = true;
+          metrics_->queue_wait.Observe(absl::ToDoubleSeconds(start - job.enqueued));
           job.ticket->Start();  // its caller opens the KV session now
         }
         jobs.push_back(&job);
@@ -432,6 +433,7 @@ absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(
     void* event = (*handle)->LayerDeviceEvent(layer);
     if (host_wait || event == nullptr) {
       if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+      layers_computed_.fetch_add(1);
     }
     if (layer == 0) first_layer_sent = absl::Now();
     for (size_t i = 0; i < step.ids.size(); ++i) {

@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/runtime/finish.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/finish_reason.h"
+#include "engine/types/sampling_params.h"
 
 namespace pdserve::frontend {
 

@@ -51,32 +51,30 @@ struct ColocatedRequest {
 
 // One message for the request's stream.
 struct ColocatedOutput {
-  std::vector<int32_t>
-      tokens; // generated since the previous output (the first token included)
+  std::vector<int32_t> tokens;  // generated since the previous output (the first token included)
   // One per token, with its log-probabilities, when the request asked for
   // them (sampling.logprobs >= 0).
   std::vector<engine::SampledToken> logprobs;
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
-  double queue_seconds = 0; // submit to prefill start; set with the first token
-  absl::Status error;       // non-OK ends the stream with this status
+  double queue_seconds = 0;  // submit to prefill start; set with the first token
+  absl::Status error;        // non-OK ends the stream with this status
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
 class ColocatedStream : public OutputQueue<ColocatedOutput> {
-public:
+ public:
   explicit ColocatedStream(engine::SeqId seq) : seq_(seq) {}
   engine::SeqId seq() const { return seq_; }
 
-private:
+ private:
   const engine::SeqId seq_;
 };
 
 struct ColocatedOptions {
-  int max_running = 256; // sequences holding KV
-  int max_prefill_tokens =
-      4096; // new tokens per step (an unchunked head prompt may exceed it)
-  int max_waiting = 1024; // queued prompts before RESOURCE_EXHAUSTED
+  int max_running = 256;          // sequences holding KV
+  int max_prefill_tokens = 4096;  // new tokens per step (an unchunked head prompt may exceed it)
+  int max_waiting = 1024;         // queued prompts before RESOURCE_EXHAUSTED
   // 0: whole prompts in steps of their own (vLLM v0); else prompts run in
   // chunks of at most this many tokens, mixed into decode steps.
   int max_prefill_chunk_tokens = 0;
@@ -87,58 +85,53 @@ struct ColocatedOptions {
 };
 
 struct ColocatedLoad {
-  int waiting = 0; // new prompts and preempted sequences
+  int waiting = 0;  // new prompts and preempted sequences
   int running = 0;
   int free_blocks = 0;
   int total_blocks = 0;
 };
 
 class ColocatedEngine : private engine::EnginePolicy {
-public:
+ public:
   // `runner` and `metrics` must outlive the engine.
-  ColocatedEngine(ColocatedOptions options, engine::ModelRunner *runner,
-                  ColocatedMetrics *metrics);
-  ~ColocatedEngine()
-      override; // fails everything still queued or running and joins the loop
+  ColocatedEngine(ColocatedOptions options, engine::ModelRunner* runner, ColocatedMetrics* metrics);
+  ~ColocatedEngine() override;  // fails everything still queued or running and joins the loop
 
   // Validates the request and queues it. INVALID_ARGUMENT for bad input or a
   // request larger than the whole KV cache, RESOURCE_EXHAUSTED when the
   // waiting queue is full, UNAVAILABLE after shutdown began.
-  absl::StatusOr<std::shared_ptr<ColocatedStream>>
-  Submit(ColocatedRequest request);
+  absl::StatusOr<std::shared_ptr<ColocatedStream>> Submit(ColocatedRequest request);
   // Stops the request and frees its blocks (now, or after the running step).
-  void Cancel(const ColocatedStream &stream);
+  void Cancel(const ColocatedStream& stream);
 
   ColocatedLoad load() const;
 
-private:
+ private:
   // Per request: its stream and timing.
   struct Entry {
     std::shared_ptr<ColocatedStream> stream;
     absl::Time submitted;
-    double queue_seconds = 0; // submit to admission; sent with the first token
+    double queue_seconds = 0;  // submit to admission; sent with the first token
     bool first_sent = false;
-    bool logprobs = false; // the request asked for log-probabilities
+    bool logprobs = false;  // the request asked for log-probabilities
   };
 
   class Step;
   // EnginePolicy (on the engine thread, under the core's lock).
-  void OnPlanned(const engine::ScheduledStep &step,
-                 double plan_seconds) override;
-  std::unique_ptr<engine::EngineStep>
-  BeginStep(const engine::ScheduledStep &step, absl::Time now) override;
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
   void UpdateGauges() override { UpdateGaugesLocked(); }
   void UpdateGaugesLocked();
 
   const ColocatedOptions options_;
-  engine::ModelRunner *const runner_;
-  ColocatedMetrics *const metrics_;
+  engine::ModelRunner* const runner_;
+  ColocatedMetrics* const metrics_;
 
   // Guarded by the core's lock.
   std::unordered_map<engine::SeqId, Entry> entries_;
   engine::SeqId next_seq_ = 1;
-  engine::EngineCore
-      core_; // last: its thread runs the policy over everything above
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
-} // namespace pdserve::colocated
+}  // namespace pdserve::colocated

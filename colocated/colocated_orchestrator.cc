@@ -6,28 +6,22 @@ namespace pdserve::colocated {
 namespace {
 
 class ColocatedGeneration final : public frontend::Generation {
-public:
-  ColocatedGeneration(ColocatedEngine *engine,
-                      std::shared_ptr<ColocatedStream> stream,
+ public:
+  ColocatedGeneration(ColocatedEngine* engine, std::shared_ptr<ColocatedStream> stream,
                       std::string worker_id)
-      : engine_(engine), stream_(std::move(stream)),
-        worker_id_(std::move(worker_id)) {}
+      : engine_(engine), stream_(std::move(stream)), worker_id_(std::move(worker_id)) {}
 
   ~ColocatedGeneration() override {
-    if (!finished_)
-      Cancel();
+    if (!finished_) Cancel();
   }
 
-  absl::Status Next(absl::Duration timeout,
-                    std::vector<frontend::GenerationEvent> *out) override {
-    if (cancelled_.load())
-      return absl::CancelledError("cancelled");
+  absl::Status Next(absl::Duration timeout, std::vector<frontend::GenerationEvent>* out) override {
+    if (cancelled_.load()) return absl::CancelledError("cancelled");
     outputs_.clear();
-    if (!stream_->Next(timeout, &outputs_))
-      return absl::OkStatus();
-    for (ColocatedOutput &output : outputs_) {
+    if (!stream_->Next(timeout, &outputs_)) return absl::OkStatus();
+    for (ColocatedOutput& output : outputs_) {
       if (!output.error.ok()) {
-        finished_ = true; // the engine freed the sequence
+        finished_ = true;  // the engine freed the sequence
         return output.error;
       }
       frontend::GenerationEvent event;
@@ -46,16 +40,15 @@ public:
   }
 
   void Cancel() override {
-    if (!cancelled_.exchange(true))
-      engine_->Cancel(*stream_);
+    if (!cancelled_.exchange(true)) engine_->Cancel(*stream_);
   }
 
   frontend::Placement placement() const override {
     return {.prefill_worker = worker_id_, .decode_worker = worker_id_};
   }
 
-private:
-  ColocatedEngine *const engine_;
+ private:
+  ColocatedEngine* const engine_;
   const std::shared_ptr<ColocatedStream> stream_;
   const std::string worker_id_;
   std::atomic<bool> cancelled_{false};
@@ -65,22 +58,19 @@ private:
   bool finished_ = false;
 };
 
-} // namespace
+}  // namespace
 
-ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine *engine,
-                                             std::string worker_id)
+ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id)
     : engine_(engine), worker_id_(std::move(worker_id)) {}
 
-absl::StatusOr<std::unique_ptr<frontend::Generation>>
-ColocatedOrchestrator::Start(frontend::GenerationJob job) {
+absl::StatusOr<std::unique_ptr<frontend::Generation>> ColocatedOrchestrator::Start(
+    frontend::GenerationJob job) {
   absl::StatusOr<std::shared_ptr<ColocatedStream>> stream =
       engine_->Submit(ColocatedRequest{.request_id = std::move(job.request_id),
                                        .prompt = std::move(job.prompt),
                                        .sampling = std::move(job.sampling)});
-  if (!stream.ok())
-    return stream.status();
-  return std::make_unique<ColocatedGeneration>(engine_, *std::move(stream),
-                                               worker_id_);
+  if (!stream.ok()) return stream.status();
+  return std::make_unique<ColocatedGeneration>(engine_, *std::move(stream), worker_id_);
 }
 
-} // namespace pdserve::colocated
+}  // namespace pdserve::colocated

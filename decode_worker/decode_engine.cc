@@ -10,8 +10,8 @@ namespace pdserve::decode {
 // Follows one request's KV as the transport writes it into the reserved
 // blocks; its completion frees them on failure or starts the sequence.
 class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
-public:
-  Sink(DecodeEngine *engine, engine::SeqId seq) : engine_(engine), seq_(seq) {}
+ public:
+  Sink(DecodeEngine* engine, engine::SeqId seq) : engine_(engine), seq_(seq) {}
 
   absl::Status OnLayer(int layer, int token_begin, int num_tokens) override {
     engine_->metrics_->kv_received_bytes.Increment(
@@ -22,32 +22,32 @@ public:
     engine_->OnKvComplete(seq_, std::move(first_token));
   }
 
-private:
-  DecodeEngine *const engine_;
+ private:
+  DecodeEngine* const engine_;
   const engine::SeqId seq_;
 };
 
 namespace {
 
-engine::SchedulerOptions SchedulerOptionsFor(const DecodeEngineOptions &o) {
+engine::SchedulerOptions SchedulerOptionsFor(const DecodeEngineOptions& o) {
   return {.role = engine::SchedulerRole::kDecode,
           .plan = {.max_num_seqs = o.max_running,
-                   .max_batch_tokens = std::max(o.max_running, 1) +
-                                       std::max(o.recompute_chunk_tokens, 1),
-                   .max_prefill_chunk_tokens =
-                       std::max(o.recompute_chunk_tokens, 1)},
+                   .max_batch_tokens =
+                       std::max(o.max_running, 1) + std::max(o.recompute_chunk_tokens, 1),
+                   .max_prefill_chunk_tokens = std::max(o.recompute_chunk_tokens, 1)},
           .enable_prefix_caching = o.enable_prefix_caching,
           .kv_headroom_tokens = o.kv_headroom_tokens};
 }
 
-} // namespace
+}  // namespace
 
-DecodeEngine::DecodeEngine(DecodeEngineOptions options,
-                           engine::ModelRunner *runner,
-                           kvtransfer::KvReceiver *receiver,
-                           DecodeMetrics *metrics)
-    : options_(options), runner_(runner), receiver_(receiver),
-      metrics_(metrics), kv_endpoint_(receiver->endpoint()),
+DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
+                           kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics)
+    : options_(options),
+      runner_(runner),
+      receiver_(receiver),
+      metrics_(metrics),
+      kv_endpoint_(receiver->endpoint()),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
       core_({.scheduler = SchedulerOptionsFor(options)}, runner, this) {
   {
@@ -58,11 +58,11 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options,
 }
 
 DecodeEngine::~DecodeEngine() {
-  core_.RequestStop(); // Admit refuses from here on
+  core_.RequestStop();  // Admit refuses from here on
   std::vector<kvtransfer::TransferId> awaiting;
   {
     auto access = core_.Read();
-    for (auto &[id, entry] : entries_) {
+    for (auto& [id, entry] : entries_) {
       if (entry.awaiting_kv) {
         entry.cancelled = true;
         awaiting.push_back(entry.stream->transfer_id());
@@ -70,53 +70,43 @@ DecodeEngine::~DecodeEngine() {
     }
   }
   core_.Stop();
-  for (kvtransfer::TransferId id : awaiting)
-    receiver_->Cancel(id);
+  for (kvtransfer::TransferId id : awaiting) receiver_->Cancel(id);
   auto access = core_.Read();
-  for (auto &[id, entry] : entries_) {
-    entry.stream->Push(
-        {.error = absl::UnavailableError("decode worker is shutting down")});
+  for (auto& [id, entry] : entries_) {
+    entry.stream->Push({.error = absl::UnavailableError("decode worker is shutting down")});
   }
 }
 
-absl::StatusOr<std::shared_ptr<DecodeStream>>
-DecodeEngine::Admit(DecodeRequest request) {
-  const engine::ModelConfig &config = runner_->config();
-  if (absl::Status s = engine::ValidateGenerationRequest(
-          request.prompt, request.sampling, config);
+absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest request) {
+  const engine::ModelConfig& config = runner_->config();
+  if (absl::Status s = engine::ValidateGenerationRequest(request.prompt, request.sampling, config);
       !s.ok()) {
     return s;
   }
   if (!request.generated.empty()) {
-    if (static_cast<int>(request.generated.size()) >=
-        request.sampling.max_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "generated_token_ids: ", request.generated.size(),
-          " tokens leave none of max_tokens ", request.sampling.max_tokens));
+    if (static_cast<int>(request.generated.size()) >= request.sampling.max_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("generated_token_ids: ", request.generated.size(),
+                       " tokens leave none of max_tokens ", request.sampling.max_tokens));
     }
     for (int32_t t : request.generated) {
       if (t < 0 || t >= config.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("generated_token_ids: token ", t, " outside [0, ",
-                         config.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("generated_token_ids: token ", t,
+                                                       " outside [0, ", config.vocab_size, ")"));
       }
     }
   }
   // Tokens whose KV the transfer brings.
-  const int known =
-      static_cast<int>(request.prompt.size() + request.generated.size());
+  const int known = static_cast<int>(request.prompt.size() + request.generated.size());
   const int num_generated = static_cast<int>(request.generated.size());
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
     auto access = core_.Change();
-    if (access.stopping())
-      return absl::UnavailableError("decode worker is shutting down");
+    if (access.stopping()) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
-    absl::StatusOr<std::span<const int32_t>> blocks =
-        access.scheduler().AddRemote(id, std::move(request.prompt),
-                                     std::move(request.sampling),
-                                     request.generated);
+    absl::StatusOr<std::span<const int32_t>> blocks = access.scheduler().AddRemote(
+        id, std::move(request.prompt), std::move(request.sampling), request.generated);
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
       return absl::ResourceExhaustedError(
@@ -134,13 +124,12 @@ DecodeEngine::Admit(DecodeRequest request) {
 
   auto sink = std::make_shared<Sink>(this, stream->seq());
   const absl::Time now = absl::Now();
-  const absl::Duration kv_wait =
-      request.kv_deadline == absl::InfiniteFuture()
-          ? options_.kv_timeout
-          : std::max(request.kv_deadline - now, absl::Milliseconds(1));
-  if (absl::Status s = receiver_->Expect(
-          stream->transfer_id(), kvtransfer::TransferSpecFor(*runner_, known),
-          std::move(table), sink, kv_wait);
+  const absl::Duration kv_wait = request.kv_deadline == absl::InfiniteFuture()
+                                     ? options_.kv_timeout
+                                     : std::max(request.kv_deadline - now, absl::Milliseconds(1));
+  if (absl::Status s =
+          receiver_->Expect(stream->transfer_id(), kvtransfer::TransferSpecFor(*runner_, known),
+                            std::move(table), sink, kv_wait);
       !s.ok()) {
     auto access = core_.Change();
     DropLocked(stream->seq());
@@ -155,13 +144,12 @@ void DecodeEngine::DropLocked(engine::SeqId id) {
   UpdateGaugesLocked();
 }
 
-void DecodeEngine::Cancel(const DecodeStream &stream) {
+void DecodeEngine::Cancel(const DecodeStream& stream) {
   {
     auto access = core_.Change();
     auto it = entries_.find(stream.seq());
-    if (it == entries_.end())
-      return;
-    Entry &entry = it->second;
+    if (it == entries_.end()) return;
+    Entry& entry = it->second;
     if (!entry.awaiting_kv) {
       // Freed now, or by the engine thread when the step it is in ends.
       if (access.scheduler().Cancel(stream.seq())) {
@@ -178,25 +166,21 @@ void DecodeEngine::Cancel(const DecodeStream &stream) {
   receiver_->Cancel(stream.transfer_id());
 }
 
-void DecodeEngine::OnKvComplete(engine::SeqId id,
-                                absl::StatusOr<int32_t> first_token) {
+void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_token) {
   // A change: the sequence joins the next step (or its blocks are free).
   auto access = core_.Change();
   auto it = entries_.find(id);
-  if (it == entries_.end())
-    return;
-  Entry &entry = it->second;
+  if (it == entries_.end()) return;
+  Entry& entry = it->second;
   if (entry.cancelled || !first_token.ok()) {
     if (!first_token.ok()) {
       metrics_->kv_receive_failures.Increment();
       if (!entry.cancelled) {
-        PDSERVE_LOG(WARNING)
-            << "request " << entry.request_id
-            << ": KV transfer failed: " << first_token.status();
-        entry.stream->Push({.error = absl::Status(
-                                first_token.status().code(),
-                                absl::StrCat("KV transfer failed: ",
-                                             first_token.status().message()))});
+        PDSERVE_LOG(WARNING) << "request " << entry.request_id
+                             << ": KV transfer failed: " << first_token.status();
+        entry.stream->Push({.error = absl::Status(first_token.status().code(),
+                                                  absl::StrCat("KV transfer failed: ",
+                                                               first_token.status().message()))});
       }
     }
     DropLocked(id);
@@ -204,28 +188,24 @@ void DecodeEngine::OnKvComplete(engine::SeqId id,
   }
   const int32_t token = *first_token;
   if (token < 0 || token >= runner_->config().vocab_size) {
-    entry.stream->Push({.error = absl::InternalError(absl::StrCat(
-                            "first token ", token, " out of range"))});
+    entry.stream->Push(
+        {.error = absl::InternalError(absl::StrCat("first token ", token, " out of range"))});
     DropLocked(id);
     return;
   }
   entry.awaiting_kv = false;
   ++entry.num_generated;
-  metrics_->kv_wait.Observe(
-      absl::ToDoubleSeconds(absl::Now() - entry.admitted));
-  absl::StatusOr<engine::FinishReason> finish =
-      access.scheduler().StartDecoding(id, token);
+  metrics_->kv_wait.Observe(absl::ToDoubleSeconds(absl::Now() - entry.admitted));
+  absl::StatusOr<engine::FinishReason> finish = access.scheduler().StartDecoding(id, token);
   if (!finish.ok()) {
-    entry.stream->Push(
-        {.error = absl::InternalError(finish.status().message())});
+    entry.stream->Push({.error = absl::InternalError(finish.status().message())});
     DropLocked(id);
     return;
   }
   if (*finish != engine::FinishReason::kNone) {
-    entry.stream->Push({.finished = true,
-                        .finish_reason = *finish,
-                        .completion_tokens = entry.num_generated});
-    entries_.erase(it); // the scheduler freed it
+    entry.stream->Push(
+        {.finished = true, .finish_reason = *finish, .completion_tokens = entry.num_generated});
+    entries_.erase(it);  // the scheduler freed it
   } else {
     entry.last_token_time = absl::Now();
   }
@@ -233,7 +213,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id,
 }
 
 void DecodeEngine::UpdateGaugesLocked() {
-  const engine::Scheduler &scheduler = core_.scheduler_locked();
+  const engine::Scheduler& scheduler = core_.scheduler_locked();
   metrics_->running_sequences.Set(scheduler.num_running());
   metrics_->waiting_kv_sequences.Set(scheduler.num_awaiting_kv());
   metrics_->kv_cache_usage.Set(scheduler.kv().usage_ratio());
@@ -241,7 +221,7 @@ void DecodeEngine::UpdateGaugesLocked() {
 
 DecodeLoad DecodeEngine::load() const {
   auto access = core_.Read();
-  const engine::Scheduler &scheduler = access.scheduler();
+  const engine::Scheduler& scheduler = access.scheduler();
   const engine::EngineProgress progress = core_.ProgressLocked();
   return DecodeLoad{.running = scheduler.num_running(),
                     .waiting_kv = scheduler.num_awaiting_kv(),
@@ -253,14 +233,12 @@ DecodeLoad DecodeEngine::load() const {
                     .unhealthy_reason = progress.unhealthy_reason};
 }
 
-void DecodeEngine::OnPlanned(const engine::ScheduledStep &step,
-                             double plan_seconds) {
+void DecodeEngine::OnPlanned(const engine::ScheduledStep& step, double plan_seconds) {
   metrics_->scheduler_step_seconds.Observe(plan_seconds);
   metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
-  for (const auto &[id, why] : step.failed) {
+  for (const auto& [id, why] : step.failed) {
     auto it = entries_.find(id);
-    if (it == entries_.end())
-      continue;
+    if (it == entries_.end()) continue;
     PDSERVE_LOG(WARNING) << "request " << it->second.request_id << ": " << why;
     it->second.stream->Push({.error = why});
     entries_.erase(it);
@@ -270,38 +248,36 @@ void DecodeEngine::OnPlanned(const engine::ScheduledStep &step,
 // One planned decode step: the KV it reads (for the bandwidth gauge), then
 // the tokens it produced, pushed to their streams after the lock.
 class DecodeEngine::Step final : public engine::EngineStep {
-public:
-  Step(DecodeEngine *engine, const engine::ScheduledStep &step)
+ public:
+  Step(DecodeEngine* engine, const engine::ScheduledStep& step)
       : engine_(*engine), batch_size_(step.ids.size()) {
-    for (const engine::StepSequence &s : step.batch.seqs) {
+    for (const engine::StepSequence& s : step.batch.seqs) {
       kv_tokens_ += s.num_cached + static_cast<double>(s.tokens.size());
     }
   }
 
-  void Apply(const std::vector<engine::SequenceUpdate> &updates,
-             const absl::StatusOr<engine::StepOutput> &output,
-             const engine::StepTiming &timing) override {
+  void Apply(const std::vector<engine::SequenceUpdate>& updates,
+             const absl::StatusOr<engine::StepOutput>& output,
+             const engine::StepTiming& timing) override {
     ok_ = output.ok();
     seconds_ = timing.seconds();
     const absl::Time end = timing.completed;
-    for (const engine::SequenceUpdate &u : updates) {
+    for (const engine::SequenceUpdate& u : updates) {
       auto it = engine_.entries_.find(u.id);
-      if (it == engine_.entries_.end())
-        continue;
-      Entry &entry = it->second;
+      if (it == engine_.entries_.end()) continue;
+      Entry& entry = it->second;
       if (u.cancelled) {
         engine_.entries_.erase(it);
         continue;
       }
       if (!u.error.ok()) {
         out_.push_back({entry.stream,
-                        {.error = absl::InternalError(absl::StrCat(
-                             "decode step failed: ", u.error.message()))}});
+                        {.error = absl::InternalError(
+                             absl::StrCat("decode step failed: ", u.error.message()))}});
         engine_.entries_.erase(it);
         continue;
       }
-      if (!u.token.has_value())
-        continue;
+      if (!u.token.has_value()) continue;
       ++tokens_;
       itl_.push_back(absl::ToDoubleSeconds(end - entry.last_token_time));
       entry.last_token_time = end;
@@ -313,37 +289,33 @@ public:
         out.completion_tokens = entry.num_generated;
       }
       out_.push_back({entry.stream, std::move(out)});
-      if (u.freed)
-        engine_.entries_.erase(it);
+      if (u.freed) engine_.entries_.erase(it);
     }
   }
 
   void Deliver() override {
-    DecodeMetrics &metrics = *engine_.metrics_;
+    DecodeMetrics& metrics = *engine_.metrics_;
     metrics.step_seconds.Observe(seconds_);
     metrics.batch_size.Observe(static_cast<double>(batch_size_));
     if (ok_ && seconds_ > 0) {
-      const engine::ModelConfig &config = engine_.runner_->config();
-      const double kv_bytes_per_token =
-          static_cast<double>(config.KvBytesPerToken(
-              engine::KvDtypeBytes(engine_.runner_->kv_dtype())));
+      const engine::ModelConfig& config = engine_.runner_->config();
+      const double kv_bytes_per_token = static_cast<double>(
+          config.KvBytesPerToken(engine::KvDtypeBytes(engine_.runner_->kv_dtype())));
       const double bytes_per_second =
           (engine_.weight_bytes_ + kv_tokens_ * kv_bytes_per_token) / seconds_;
       metrics.achieved_bytes_per_second.Set(bytes_per_second);
       if (engine_.options_.peak_memory_bandwidth > 0) {
-        metrics.bandwidth_utilization.Set(
-            bytes_per_second / engine_.options_.peak_memory_bandwidth);
+        metrics.bandwidth_utilization.Set(bytes_per_second /
+                                          engine_.options_.peak_memory_bandwidth);
       }
     }
     metrics.generation_tokens.Increment(static_cast<double>(tokens_));
-    for (double itl : itl_)
-      metrics.inter_token_latency.Observe(itl);
-    for (auto &[stream, out] : out_)
-      stream->Push(std::move(out));
+    for (double itl : itl_) metrics.inter_token_latency.Observe(itl);
+    for (auto& [stream, out] : out_) stream->Push(std::move(out));
   }
 
-private:
-  DecodeEngine &engine_;
+ private:
+  DecodeEngine& engine_;
   const size_t batch_size_;
   double kv_tokens_ = 0;
   bool ok_ = false;
@@ -353,9 +325,9 @@ private:
   std::vector<std::pair<std::shared_ptr<DecodeStream>, DecodeOutput>> out_;
 };
 
-std::unique_ptr<engine::EngineStep>
-DecodeEngine::BeginStep(const engine::ScheduledStep &step, absl::Time now) {
+std::unique_ptr<engine::EngineStep> DecodeEngine::BeginStep(const engine::ScheduledStep& step,
+                                                            absl::Time now) {
   return std::make_unique<Step>(this, step);
 }
 
-} // namespace pdserve::decode
+}  // namespace pdserve::decode

@@ -62,28 +62,28 @@ struct DecodeRequest {
 
 // One message for the request's stream.
 struct DecodeOutput {
-  std::vector<engine::SampledToken> tokens; // generated after the first token
+  std::vector<engine::SampledToken> tokens;  // generated after the first token
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
-  int completion_tokens = 0; // with the first token, when finished
-  absl::Status error;        // non-OK ends the stream with this status
+  int completion_tokens = 0;  // with the first token, when finished
+  absl::Status error;         // non-OK ends the stream with this status
 };
 
 // Per-request output queue, filled by the engine, drained by the handler.
 class DecodeStream : public OutputQueue<DecodeOutput> {
-public:
+ public:
   DecodeStream(engine::SeqId seq, kvtransfer::TransferId transfer_id)
       : seq_(seq), transfer_id_(transfer_id) {}
   engine::SeqId seq() const { return seq_; }
   kvtransfer::TransferId transfer_id() const { return transfer_id_; }
 
-private:
+ private:
   const engine::SeqId seq_;
   const kvtransfer::TransferId transfer_id_;
 };
 
 struct DecodeEngineOptions {
-  int max_running = 256; // sequences in the batch plus waiting for KV
+  int max_running = 256;  // sequences in the batch plus waiting for KV
   // Tokens reserved beyond the prompt at admission; later ones take blocks
   // as they come. Negative (or >= max_tokens): whole requests up front.
   int kv_headroom_tokens = 32;
@@ -101,22 +101,22 @@ struct DecodeEngineOptions {
 struct DecodeLoad {
   int running = 0;
   int waiting_kv = 0;
-  int preempted = 0;   // waiting to be recomputed
-  int free_blocks = 0; // free beyond what preempted sequences wait for
+  int preempted = 0;    // waiting to be recomputed
+  int free_blocks = 0;  // free beyond what preempted sequences wait for
   int total_blocks = 0;
   // Progress (the router's liveness judgement): steps completed since
   // start, and why the engine cannot serve (empty: it can).
   uint64_t progress = 0;
-  bool has_work = false; // the last plan had a step to run
+  bool has_work = false;  // the last plan had a step to run
   std::string unhealthy_reason;
 };
 
 class DecodeEngine : private engine::EnginePolicy {
-public:
+ public:
   // `runner`, `receiver` and `metrics` must outlive the engine.
-  DecodeEngine(DecodeEngineOptions options, engine::ModelRunner *runner,
-               kvtransfer::KvReceiver *receiver, DecodeMetrics *metrics);
-  ~DecodeEngine() override; // cancels everything and joins the engine thread
+  DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
+               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
+  ~DecodeEngine() override;  // cancels everything and joins the engine thread
 
   // Validates the request, reserves blocks for the prompt plus the headroom
   // and announces the KV transfer. INVALID_ARGUMENT for bad input,
@@ -124,32 +124,30 @@ public:
   // request could never fit this worker's cache.
   absl::StatusOr<std::shared_ptr<DecodeStream>> Admit(DecodeRequest request);
   // Stops the request and frees its blocks (now, or after the running step).
-  void Cancel(const DecodeStream &stream);
+  void Cancel(const DecodeStream& stream);
 
   DecodeLoad load() const;
-  const std::string &kv_endpoint() const { return kv_endpoint_; }
-  const engine::ModelConfig &model_config() const { return runner_->config(); }
+  const std::string& kv_endpoint() const { return kv_endpoint_; }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
-private:
+ private:
   // Per admitted request: its stream and what the scheduler does not keep.
   struct Entry {
     std::string request_id;
     std::shared_ptr<DecodeStream> stream;
     bool awaiting_kv = true;
-    bool cancelled = false; // while awaiting KV: the receiver's cancel frees it
-    int num_generated =
-        0; // generated elsewhere, then pushed (the first one included)
-    absl::Time admitted;        // KV reserved
-    absl::Time last_token_time; // joining the batch, then each token's step end
+    bool cancelled = false;      // while awaiting KV: the receiver's cancel frees it
+    int num_generated = 0;       // generated elsewhere, then pushed (the first one included)
+    absl::Time admitted;         // KV reserved
+    absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;
 
   class Step;
   // EnginePolicy (on the engine thread, under the core's lock).
-  void OnPlanned(const engine::ScheduledStep &step,
-                 double plan_seconds) override;
-  std::unique_ptr<engine::EngineStep>
-  BeginStep(const engine::ScheduledStep &step, absl::Time now) override;
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
   void UpdateGauges() override { UpdateGaugesLocked(); }
   // Called by a Sink when the transfer ended.
   void OnKvComplete(engine::SeqId seq, absl::StatusOr<int32_t> first_token);
@@ -158,9 +156,9 @@ private:
   void UpdateGaugesLocked();
 
   const DecodeEngineOptions options_;
-  engine::ModelRunner *const runner_;
-  kvtransfer::KvReceiver *const receiver_;
-  DecodeMetrics *const metrics_;
+  engine::ModelRunner* const runner_;
+  kvtransfer::KvReceiver* const receiver_;
+  DecodeMetrics* const metrics_;
   const std::string kv_endpoint_;
   const double weight_bytes_;
 
@@ -171,8 +169,7 @@ private:
   // not tell the next (a peer that could replay the port's fixed credential
   // could otherwise claim a coming transfer).
   const UnpredictableIds transfer_ids_;
-  engine::EngineCore
-      core_; // last: its thread runs the policy over everything above
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
-} // namespace pdserve::decode
+}  // namespace pdserve::decode

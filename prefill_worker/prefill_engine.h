@@ -75,30 +75,28 @@ struct PrefillOutcome {
 
 // Where a submitted request stands.
 struct PrefillProgress {
-  bool started = false; // its first step began
+  bool started = false;  // its first step began
   std::optional<absl::StatusOr<PrefillOutcome>> result;
 };
 
 // Handle of one submitted request: its place in the queue when it was
 // accepted, then whether it started and how it ended.
 class PrefillTicket {
-public:
+ public:
   PrefillTicket(int queue_position, int64_t tokens_ahead)
       : queue_position_(queue_position), tokens_ahead_(tokens_ahead) {}
-  int queue_position() const {
-    return queue_position_;
-  } // prompts ahead when accepted
-  int64_t tokens_ahead() const { return tokens_ahead_; } // their tokens
+  int queue_position() const { return queue_position_; }  // prompts ahead when accepted
+  int64_t tokens_ahead() const { return tokens_ahead_; }  // their tokens
 
   // Waits up to `timeout` for a result, or for the start when
   // `started_seen` is false; returns where the request stands.
   PrefillProgress Await(absl::Duration timeout, bool started_seen);
   // Waits up to `timeout`; true with *out set once the request completed.
-  bool Wait(absl::Duration timeout, absl::StatusOr<PrefillOutcome> *out);
+  bool Wait(absl::Duration timeout, absl::StatusOr<PrefillOutcome>* out);
   void Start();
   void Complete(absl::StatusOr<PrefillOutcome> result);
 
-private:
+ private:
   const int queue_position_;
   const int64_t tokens_ahead_;
   absl::Mutex mu_;
@@ -107,19 +105,17 @@ private:
 };
 
 struct PrefillEngineOptions {
-  int max_batch_tokens =
-      4096; // prompt tokens per step (a longer unchunked prompt runs alone)
-  int max_prefill_chunk_tokens =
-      0; // 0: prompts run whole; else chunks of at most this
-  int max_queued_requests = 1024; // beyond: RESOURCE_EXHAUSTED
+  int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
+  int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
+  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
-  double peak_flops = 0; // FLOP/s for the MFU gauge; 0: unknown
+  double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
   absl::Duration send_drain_timeout = absl::Seconds(10);
 };
 
 struct PrefillLoad {
-  int64_t queued_tokens = 0; // waiting and running, cached prefixes not counted
+  int64_t queued_tokens = 0;  // waiting and running, cached prefixes not counted
   int queued_requests = 0;
   // With prefix caching: the KV cache's digest for routers
   // (KvCacheManager::CachedHashDigest).
@@ -135,16 +131,14 @@ struct PrefillLoad {
 };
 
 class PrefillEngine : private engine::EnginePolicy {
-public:
+ public:
   // `runner` and `metrics` must outlive the engine.
-  PrefillEngine(PrefillEngineOptions options, engine::ModelRunner *runner,
-                PrefillMetrics *metrics);
-  ~PrefillEngine()
-      override; // fails queued requests, waits for sends in flight, joins
+  PrefillEngine(PrefillEngineOptions options, engine::ModelRunner* runner, PrefillMetrics* metrics);
+  ~PrefillEngine() override;  // fails queued requests, waits for sends in flight, joins
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
-  const engine::ModelConfig &model_config() const { return runner_->config(); }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);
@@ -152,28 +146,27 @@ public:
   // the request then fails with that status once computed). A request
   // computed before its session arrived sends its KV and completes here.
   // No effect (the session is aborted) once the ticket completed.
-  void AttachKvSession(
-      const std::shared_ptr<PrefillTicket> &ticket,
-      absl::StatusOr<std::unique_ptr<kvtransfer::SendSession>> session);
+  void AttachKvSession(const std::shared_ptr<PrefillTicket>& ticket,
+                       absl::StatusOr<std::unique_ptr<kvtransfer::SendSession>> session);
   // Drops the request: at once if it waits, else at the end of the step it
   // is in (a chunked prompt stops at the next chunk). No effect once the
   // ticket completed.
-  void Cancel(const std::shared_ptr<PrefillTicket> &ticket);
+  void Cancel(const std::shared_ptr<PrefillTicket>& ticket);
 
   PrefillLoad load() const;
   // How the engine loop's idle waits ended (tests).
   engine::WakeStats wake_stats() const { return core_.wake_stats(); }
 
-private:
+ private:
   struct Job {
     std::string request_id;
     // Attached by the caller once the request started; null until then.
     std::unique_ptr<kvtransfer::SendSession> kv_session;
-    absl::Status kv_open_error; // the session could not be opened
+    absl::Status kv_open_error;  // the session could not be opened
     std::shared_ptr<PrefillTicket> ticket;
-    int prompt_len = 0; // tokens whose KV is sent: prompt + generated
+    int prompt_len = 0;  // tokens whose KV is sent: prompt + generated
     absl::Time enqueued;
-    absl::Time started; // first step that computed it
+    absl::Time started;  // first step that computed it
     bool started_set = false;
   };
   // A computed prompt whose session had not arrived: blocks held, first
@@ -192,38 +185,35 @@ private:
   struct SendTracker {
     absl::Mutex mu;
     int in_flight ABSL_GUARDED_BY(mu) = 0;
-    PrefillMetrics *
-        metrics ABSL_GUARDED_BY(mu) = nullptr; // null once the engine is gone
-    PrefillEngine *engine ABSL_GUARDED_BY(mu) = nullptr; // likewise
+    PrefillMetrics* metrics ABSL_GUARDED_BY(mu) = nullptr;  // null once the engine is gone
+    PrefillEngine* engine ABSL_GUARDED_BY(mu) = nullptr;    // likewise
     // Finished sessions awaiting their ack, by key; keys of acknowledged ones.
-    std::unordered_map<uint64_t, std::unique_ptr<kvtransfer::SendSession>>
-        sessions ABSL_GUARDED_BY(mu);
+    std::unordered_map<uint64_t, std::unique_ptr<kvtransfer::SendSession>> sessions
+        ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> done_keys ABSL_GUARDED_BY(mu);
     uint64_t next_key ABSL_GUARDED_BY(mu) = 0;
   };
 
   class Step;
   // EnginePolicy (on the engine thread, under the core's lock).
-  void OnPlanned(const engine::ScheduledStep &step,
-                 double plan_seconds) override;
-  std::unique_ptr<engine::EngineStep>
-  BeginStep(const engine::ScheduledStep &step, absl::Time now) override;
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
   void UpdateGauges() override { UpdateGaugesLocked(); }
   // Queues every layer of a computed prompt on its session, then hands it
   // out (FinishJob); on a send failure releases the blocks and fails it.
   void SendAllAndFinish(Deferred d);
   // Hands a finished prompt's first token out and its session to the
   // tracker; the blocks of sequence `id` are released when the send is done.
-  void FinishJob(engine::SeqId id, Job &job, engine::SampledToken first,
-                 size_t sent_bytes, absl::Time transfer_start,
-                 absl::Time compute_end, double compute_seconds);
+  void FinishJob(engine::SeqId id, Job& job, engine::SampledToken first, size_t sent_bytes,
+                 absl::Time transfer_start, absl::Time compute_end, double compute_seconds);
   // The transport no longer reads the blocks of held sequence `id`.
   void ReleaseSource(engine::SeqId id);
   void UpdateGaugesLocked();
 
   const PrefillEngineOptions options_;
-  engine::ModelRunner *const runner_;
-  PrefillMetrics *const metrics_;
+  engine::ModelRunner* const runner_;
+  PrefillMetrics* const metrics_;
   const std::shared_ptr<SendTracker> sends_;
 
   // Requests not yet answered, by sequence id; nodes stay put while a step
@@ -235,8 +225,7 @@ private:
   // step shows before it completes.
   std::atomic<uint64_t> layers_computed_{0};
   engine::SeqId next_seq_ = 1;
-  engine::EngineCore
-      core_; // last: its thread runs the policy over everything above
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
-} // namespace pdserve::prefill
+}  // namespace pdserve::prefill

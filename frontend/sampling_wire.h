@@ -6,8 +6,8 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "engine/runtime/finish.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/finish_reason.h"
+#include "engine/types/sampling_params.h"
 #include "pdserve/internal/v1/worker.pb.h"
 #include "pdserve/v1/generation.pb.h"
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
 #include "frontend/errors.h"
 #include "frontend/sampling_wire.h"
 

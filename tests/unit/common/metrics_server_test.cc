@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "absl/time/clock.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "common/grpc_util.h"
 #include "common/process_metrics.h"
 #include "gtest/gtest.h"

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "decode_worker/colocated_engine.h"
+#include "colocated/colocated_engine.h"
 #include "frontend/orchestrator.h"
 
 namespace pdserve::colocated {

@@ -1,8 +1,6 @@
-#include "decode_worker/colocated_orchestrator.h"
+#include "colocated/colocated_orchestrator.h"
 
 #include <atomic>
-
-#include "frontend/errors.h"
 
 namespace pdserve::colocated {
 namespace {
@@ -28,6 +26,7 @@ class ColocatedGeneration final : public frontend::Generation {
       }
       frontend::GenerationEvent event;
       event.tokens = std::move(output.tokens);
+      event.logprobs = std::move(output.logprobs);
       if (first_ && !event.tokens.empty()) {
         first_ = false;
         event.queue_seconds = output.queue_seconds;
@@ -66,10 +65,6 @@ ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::strin
 
 absl::StatusOr<std::unique_ptr<frontend::Generation>> ColocatedOrchestrator::Start(
     frontend::GenerationJob job) {
-  if (job.sampling.logprobs >= 0) {
-    return frontend::WithRejectReason(
-        absl::UnimplementedError("pdserve_colocated does not return logprobs"), "invalid_argument");
-  }
   absl::StatusOr<std::shared_ptr<ColocatedStream>> stream =
       engine_->Submit(ColocatedRequest{.request_id = std::move(job.request_id),
                                        .prompt = std::move(job.prompt),

@@ -65,8 +65,9 @@ ABSL_FLAG(int, max_attempts, 3,
           "another worker pair after it");
 ABSL_FLAG(int, stall_timeout_ms, 30000,
           "A decode worker that does not answer a reservation, or a prefill worker that does not "
-          "accept a prompt, this long is given up for that request alone (another worker is tried; "
-          "the worker stays in service) (0: never)");
+          "accept a prompt, this long is given up for that request alone when another worker can "
+          "be tried (the worker stays in service; this costs the request no attempt); the only "
+          "choice is waited for (0: never)");
 ABSL_FLAG(int, worker_hang_timeout_ms, 30000,
           "A worker with work whose engine completes no step for this long is hung: out of "
           "service, and its requests move, until its steps move again (0: never). Longer than the "

@@ -232,6 +232,15 @@ const char* LastFailureMessage();
 // driver API's cuMemGetAddressRange answers on a GPU). False if none.
 bool AllocationRange(const void* p, void** base, size_t* size);
 
+// Seed of the block scheduler (launch.cc): with the same seed, launch shape
+// and block index, the warps of a block take their turns in the same order
+// on every run. The default is kDefaultScheduleSeed, or PDSERVE_GPUEMU_SEED
+// (a number) from the environment; a change applies to blocks that start
+// afterwards (synchronise first).
+inline constexpr uint64_t kDefaultScheduleSeed = 0x5eed;
+void SetScheduleSeed(uint64_t seed);
+uint64_t ScheduleSeed();
+
 }  // namespace pdserve::gpuemu
 
 #include "gpu_emulation/launch.h"

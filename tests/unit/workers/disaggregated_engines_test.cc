@@ -512,7 +512,7 @@ TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
             static_cast<double>(prompts[0].size() + prompts[1].size() + prompts[2].size()));
   // The router's digest names the cached prefix at its digest positions.
   const std::vector<uint64_t> digest = prefill->load().cached_block_hashes;
-  const std::vector<uint64_t> hashes = engine::BlockHashes(system, 16);
+  const std::vector<uint64_t> hashes = engine::BlockHashDigests(system, 16);
   for (int b = 0; b < 3; ++b) {
     EXPECT_NE(std::find(digest.begin(), digest.end(), hashes[b]), digest.end()) << b;
   }

@@ -147,20 +147,23 @@ TEST(MetricsServerTest, EveryConnectionServesOneRequestAndCloses) {
 }
 
 // cpp-httplib waits for an idle connection's next request before its server
-// can stop; a connection that sends nothing is dropped after 1 s, so the
-// server stops promptly even then (before: 5 s).
-TEST(MetricsServerTest, StopsPromptlyWithAnIdleConnectionOpen) {
+// can stop; the server drops a connection that sends nothing on its own
+// (after 1 s; before: 5 s), so an idle client cannot hold a stopping
+// server. Asserted by the event, not by a time: the server closes the idle
+// connection (the read sees the end within a generous minute), and then
+// stops.
+TEST(MetricsServerTest, DropsAnIdleConnectionOnItsOwnSoItCanStop) {
   auto registry = std::make_shared<prometheus::Registry>();
   auto server = MetricsServer::Start(registry, "127.0.0.1", 0);
   ASSERT_TRUE(server.ok());
-  const int fd = testing::ConnectLoopback((*server)->port());
+  const int fd = testing::ConnectLoopback((*server)->port(), /*read_timeout_s=*/60);
   ASSERT_GE(fd, 0);
-  absl::SleepFor(absl::Milliseconds(50));  // accepted, waiting for a request
-  const absl::Time start = absl::Now();
-  server->reset();
-  const absl::Duration stop_time = absl::Now() - start;
+  bool closed = false;
+  const std::string response = ReadToClose(fd, &closed);
   close(fd);
-  EXPECT_LT(stop_time, absl::Seconds(2.5)) << stop_time;
+  EXPECT_TRUE(closed) << "the idle connection was not dropped within a minute";
+  EXPECT_EQ(response, "");
+  server->reset();  // returns: nothing holds it
 }
 
 // The client-facing histograms cover stalls and keep ~10% resolution where

@@ -377,7 +377,9 @@ class BlockRunner {
     FinishSwitch(nullptr, &scheduler_stack_);
     t.caller = std::move(scheduler);
     try {
-      launch_->body();
+      // A thread first resumed by Abandon (its warp never ran before the
+      // block failed) ends without running the kernel.
+      if (!abandoning_) launch_->body();
     } catch (const ctx::detail::forced_unwind&) {
       throw;
     } catch (const TrapUnwind&) {
@@ -514,8 +516,11 @@ class BlockRunner {
     return s;
   }
 
-  // Ends every fiber that has not finished: resumed, it throws TrapUnwind
-  // from its suspension point, which unwinds the kernel's frames.
+  // Ends every fiber that has not finished, through the annotated switch
+  // (a fiber destroyed unfinished would be unwound by Boost.Context behind
+  // ASan's back): resumed, a suspended one throws TrapUnwind from its
+  // suspension point, which unwinds the kernel's frames; one never started
+  // ends at once.
   void Abandon() {
     abandoning_ = true;
     for (EmuThread& t : threads_) {

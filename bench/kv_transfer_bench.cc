@@ -22,6 +22,7 @@
 // NCCL sockets: they prove the path, not GPU speed (use tiny shapes).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -70,7 +71,10 @@ class Regions {
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
     if (device) {
       void* p = nullptr;
-      if (cudaMalloc(&p, bytes) != cudaSuccess) std::abort();
+      if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+        std::fprintf(stderr, "cudaMalloc of %zu bytes: %s\n", bytes, cudaGetErrorName(e));
+        std::exit(1);
+      }
       base_ = static_cast<std::byte*>(p);
     }
 #endif

@@ -50,7 +50,7 @@ grpc::ChannelArguments ChannelArgs() {
 
 absl::StatusOr<GrpcServerHandle> StartGrpcServer(
     const std::string& host, int port, const std::vector<grpc::Service*>& services,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    std::shared_ptr<grpc::ServerCredentials> credentials, int max_receive_message_bytes) {
   static const bool kInitOnce = [] {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -64,7 +64,7 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(
   builder.AddListeningPort(JoinHostPort(host, port), credentials, &handle.port);
   // No SO_REUSEPORT: a second server on a busy port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
+  builder.SetMaxReceiveMessageSize(max_receive_message_bytes);
   builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
   handle.server = builder.BuildAndStart();
@@ -120,6 +120,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   const std::string& token = ClusterToken();
   const InternalTls& tls = GetInternalTls();
   grpc::ChannelArguments args = ChannelArgs();
+  // A peer that restarts (a router, a worker pod) is reconnected within a
+  // quarter second of coming back, not after gRPC's default backoff (up to
+  // two minutes): workers re-register within a heartbeat of a router
+  // restart. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as
+  // the connect timeout, and a TLS handshake on a busy host can outlast a
+  // short one.)
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
   if (tls.enabled()) args.SetSslTargetNameOverride(tls.server_name);
   if (token.empty()) return grpc::CreateCustomChannel(address, InternalChannelCredentials(), args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;

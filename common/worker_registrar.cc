@@ -1,5 +1,7 @@
 #include "common/worker_registrar.h"
 
+#include <algorithm>
+
 #include "common/grpc_util.h"
 #include "common/logging.h"
 
@@ -53,6 +55,30 @@ void WorkerRegistrar::Run() {
   bool was_registered = false;
   bool logged_failure = false;
   while (true) {
+    bool heartbeat_failed = false;
+    if (registered) {
+      internal::v1::HeartbeatRequest req;
+      req.set_worker_id(info_.worker_id());
+      *req.mutable_load() = load_();
+      internal::v1::HeartbeatResponse resp;
+      grpc::ClientContext ctx;
+      SetDeadline(ctx, kRpcTimeout);
+      grpc::Status status = stub_->Heartbeat(&ctx, req, &resp);
+      if (status.ok() && !resp.known()) {
+        // A restarted router (or one that dropped us): register at once.
+        PDSERVE_LOG(WARNING) << "router forgot " << info_.worker_id() << "; registering again";
+        registered = false;
+      } else if (!status.ok()) {
+        heartbeat_failed = true;
+        if (!logged_failure) {
+          PDSERVE_LOG(WARNING) << "heartbeat to " << router_address_
+                               << " failed: " << status.error_message() << " (retrying)";
+          logged_failure = true;
+        }
+      } else {
+        logged_failure = false;
+      }
+    }
     if (!registered) {
       internal::v1::RegisterRequest req;
       *req.mutable_worker() = info_;
@@ -64,7 +90,8 @@ void WorkerRegistrar::Run() {
       if (status.ok()) {
         registered = true;
         logged_failure = false;
-        if (resp.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        if (resp.heartbeat_interval_ms() > 0)
+          interval = absl::Milliseconds(resp.heartbeat_interval_ms());
         PDSERVE_LOG(INFO) << "registered with router " << router_address_ << " as "
                           << info_.worker_id();
       } else if (!logged_failure) {
@@ -72,27 +99,17 @@ void WorkerRegistrar::Run() {
                              << status.error_message() << " (retrying)";
         logged_failure = true;
       }
-    } else {
-      internal::v1::HeartbeatRequest req;
-      req.set_worker_id(info_.worker_id());
-      *req.mutable_load() = load_();
-      internal::v1::HeartbeatResponse resp;
-      grpc::ClientContext ctx;
-      SetDeadline(ctx, kRpcTimeout);
-      grpc::Status status = stub_->Heartbeat(&ctx, req, &resp);
-      if (status.ok() && !resp.known()) {
-        PDSERVE_LOG(WARNING) << "router forgot " << info_.worker_id() << "; registering again";
-        registered = false;
-      } else if (!status.ok()) {
-        PDSERVE_LOG(WARNING) << "heartbeat to " << router_address_ << " failed: " << status.error_message();
-      }
     }
     if (on_registered_ && registered != was_registered) on_registered_(registered);
     was_registered = registered;
     absl::MutexLock lock(&mu_);
     registered_ = registered;
     auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || poke_; };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), registered ? interval : kRetryInterval);
+    // While the router cannot be reached, try again sooner than a
+    // heartbeat interval, so a restarted router hears from us at once.
+    mu_.AwaitWithTimeout(absl::Condition(&wake), registered && !heartbeat_failed
+                                                     ? interval
+                                                     : std::min(interval, kRetryInterval));
     if (stop_) return;
     poke_ = false;
   }

@@ -109,15 +109,20 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     stream = std::make_shared<DecodeStream>(id, transfer_ids_.Id(id));
     entries_.emplace(id, Entry{.request_id = std::move(request.request_id),
                                .stream = stream,
-                               .num_generated = num_generated});
+                               .num_generated = num_generated,
+                               .admitted = absl::Now()});
     metrics_->requests_admitted.Increment();
     UpdateGaugesLocked();
   }
 
   auto sink = std::make_shared<Sink>(this, stream->seq());
+  const absl::Time now = absl::Now();
+  const absl::Duration kv_wait = request.kv_deadline == absl::InfiniteFuture()
+                                     ? options_.kv_timeout
+                                     : std::max(request.kv_deadline - now, absl::Milliseconds(1));
   if (absl::Status s =
           receiver_->Expect(stream->transfer_id(), kvtransfer::TransferSpecFor(*runner_, known),
-                            std::move(table), sink, options_.kv_timeout);
+                            std::move(table), sink, kv_wait);
       !s.ok()) {
     absl::MutexLock lock(&mu_);
     DropLocked(stream->seq());
@@ -182,6 +187,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   }
   entry.awaiting_kv = false;
   ++entry.num_generated;
+  metrics_->kv_wait.Observe(absl::ToDoubleSeconds(absl::Now() - entry.admitted));
   absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
   if (!finish.ok()) {
     entry.stream->Push({.error = absl::InternalError(finish.status().message())});
@@ -206,11 +212,19 @@ void DecodeEngine::UpdateGaugesLocked() {
 
 DecodeLoad DecodeEngine::load() const {
   absl::MutexLock lock(&mu_);
-  return DecodeLoad{.running = scheduler_.num_running(),
-                    .waiting_kv = scheduler_.num_awaiting_kv(),
-                    .preempted = scheduler_.num_waiting(),
-                    .free_blocks = scheduler_.num_available_blocks(),
-                    .total_blocks = scheduler_.kv().num_blocks()};
+  DecodeLoad load{.running = scheduler_.num_running(),
+                  .waiting_kv = scheduler_.num_awaiting_kv(),
+                  .preempted = scheduler_.num_waiting(),
+                  .free_blocks = scheduler_.num_available_blocks(),
+                  .total_blocks = scheduler_.kv().num_blocks(),
+                  .progress = steps_completed_,
+                  .has_work = stepping_ && scheduler_.num_running() + scheduler_.num_waiting() > 0};
+  constexpr int kUnhealthyAfter = 3;
+  if (failed_steps_in_a_row_ >= kUnhealthyAfter) {
+    load.unhealthy_reason =
+        absl::StrCat("its last ", failed_steps_in_a_row_, " steps failed: ", last_step_error_);
+  }
+  return load;
 }
 
 void DecodeEngine::Loop() {
@@ -239,6 +253,7 @@ void DecodeEngine::Loop() {
         entries_.erase(it);
       }
       if (!step.failed.empty() || !step.preempted.empty()) UpdateGaugesLocked();
+      stepping_ = !step.empty();
       if (step.empty()) {
         // Running sequences that cannot step now (cancelled, awaiting
         // blocks): wait for a change rather than spin.
@@ -267,6 +282,13 @@ void DecodeEngine::Loop() {
     if (!output.ok()) PDSERVE_LOG(ERROR) << "decode step failed: " << output.status();
 
     absl::MutexLock lock(&mu_);
+    ++steps_completed_;
+    if (output.ok()) {
+      failed_steps_in_a_row_ = 0;
+    } else {
+      ++failed_steps_in_a_row_;
+      last_step_error_ = std::string(output.status().message());
+    }
     for (const engine::SequenceUpdate& u : scheduler_.Complete(step, output)) {
       auto it = entries_.find(u.id);
       if (it == entries_.end()) continue;

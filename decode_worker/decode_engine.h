@@ -49,6 +49,11 @@ struct DecodeRequest {
   // it; all of them count toward max_tokens and the penalties.
   std::vector<int32_t> generated;
   engine::SamplingParams sampling;
+  // The KV must have arrived by then (the request's budget: the call's
+  // deadline, so the router, which set it, decides first; a cancelled call
+  // ends the wait sooner). Infinite: DecodeEngineOptions::kv_timeout from
+  // admission.
+  absl::Time kv_deadline = absl::InfiniteFuture();
 };
 
 // One message for the request's stream.
@@ -83,7 +88,8 @@ struct DecodeEngineOptions {
   bool enable_prefix_caching = true;
   // Tokens per step for recomputing preempted sequences (beside the decodes).
   int recompute_chunk_tokens = 256;
-  absl::Duration kv_timeout = absl::Seconds(30);  // admission to KV complete
+  // Admission to KV complete, for a request that brings no kv_deadline.
+  absl::Duration kv_timeout = absl::Seconds(600);
   // Peak memory bandwidth in bytes/s for the utilisation gauge; 0: unknown.
   double peak_memory_bandwidth = 0;
 };
@@ -94,6 +100,11 @@ struct DecodeLoad {
   int preempted = 0;    // waiting to be recomputed
   int free_blocks = 0;  // free beyond what preempted sequences wait for
   int total_blocks = 0;
+  // Progress (the router's liveness judgement): steps completed since
+  // start, and why the engine cannot serve (empty: it can).
+  uint64_t progress = 0;
+  bool has_work = false;  // the last plan had a step to run
+  std::string unhealthy_reason;
 };
 
 class DecodeEngine {
@@ -113,6 +124,7 @@ class DecodeEngine {
 
   DecodeLoad load() const;
   const std::string& kv_endpoint() const { return kv_endpoint_; }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
  private:
   // Per admitted request: its stream and what the scheduler does not keep.
@@ -122,6 +134,7 @@ class DecodeEngine {
     bool awaiting_kv = true;
     bool cancelled = false;      // while awaiting KV: the receiver's cancel frees it
     int num_generated = 0;       // generated elsewhere, then pushed (the first one included)
+    absl::Time admitted;         // KV reserved
     absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;
@@ -144,6 +157,10 @@ class DecodeEngine {
   engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stepping_ ABSL_GUARDED_BY(mu_) = false;  // the last plan had a step to run
+  int failed_steps_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_step_error_ ABSL_GUARDED_BY(mu_);
   // Transfer ids travel in the clear on the TCP KV port: one seen there must
   // not tell the next (a peer that could replay the port's fixed credential
   // could otherwise claim a coming transfer).

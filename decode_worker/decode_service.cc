@@ -6,16 +6,27 @@
 
 namespace pdserve::decode {
 
-grpc::Status DecodeService::Decode(grpc::ServerContext* context,
-                                   const internal::v1::DecodeJob* job,
+grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal::v1::DecodeJob* job,
                                    grpc::ServerWriter<internal::v1::DecodeEvent>* writer) {
   if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
-  DecodeRequest request{.request_id = job->request_id(),
-                        .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
-                        .generated = {job->generated_token_ids().begin(),
-                                      job->generated_token_ids().end()},
-                        .sampling = SamplingFromProto(job->sampling())};
+  if (absl::Status s =
+          CheckJobLists(job->prompt_token_ids_size(), job->generated_token_ids_size(),
+                        job->sampling(), engine_->model_config().max_position_embeddings);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  DecodeRequest request{
+      .request_id = job->request_id(),
+      .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+      .generated = {job->generated_token_ids().begin(), job->generated_token_ids().end()},
+      .sampling = SamplingFromProto(job->sampling())};
+  // The KV wait ends with the call (its deadline is the request's budget,
+  // set by the router, which acts on a stalled transfer first; a grace
+  // second keeps the call's own end ahead of a KV timeout here).
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    request.kv_deadline = absl::FromChrono(context->deadline()) + absl::Seconds(1);
+  }
   absl::StatusOr<std::shared_ptr<DecodeStream>> stream = engine_->Admit(std::move(request));
   if (!stream.ok()) return ToGrpcStatus(stream.status());
 
@@ -43,7 +54,8 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context,
       }
       for (const engine::SampledToken& t : out.tokens) {
         tokens.mutable_tokens()->add_token_ids(t.token);
-        if (job->sampling().logprobs() >= 0) *tokens.mutable_tokens()->add_logprobs() = LogprobsToProto(t);
+        if (job->sampling().logprobs() >= 0)
+          *tokens.mutable_tokens()->add_logprobs() = LogprobsToProto(t);
       }
       if (out.finished) {
         if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {

@@ -61,7 +61,9 @@ ABSL_FLAG(int, decode_kv_headroom_tokens, 32,
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "Keep computed KV blocks cached (evictable) so a preempted sequence's recomputation "
           "reuses what is still there");
-ABSL_FLAG(int, kv_timeout_ms, 30000, "Time from admission until the KV must have arrived");
+ABSL_FLAG(int, kv_timeout_ms, 600000,
+          "For a request whose call carries no deadline: time from admission until its KV must "
+          "have arrived (otherwise the call's deadline, the request's budget, bounds the wait)");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
           "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
           "(cpu: a triad measured at start-up; cuda: the device's memory clock x bus width)");
@@ -161,15 +163,26 @@ int Main() {
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
+    const engine::ServedModel served = engine::DescribeServedModel(**runner, runner_options);
+    info.set_config_fingerprint(served.config_fingerprint);
+    info.set_checkpoint_fingerprint(served.checkpoint_fingerprint);
+    info.set_weight_dtype(served.weight_dtype);
+    info.set_kv_dtype(served.kv_dtype);
+    info.set_kv_layout(served.kv_layout);
+    info.set_backend(served.backend);
     registrar = std::make_unique<WorkerRegistrar>(
         absl::GetFlag(FLAGS_router), info,
-        [&engine, &service] {
+        [&engine, &service, &engine_options] {
           decode::DecodeLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
           out.set_free_kv_blocks(load.free_blocks);
           out.set_total_kv_blocks(load.total_blocks);
           out.set_draining(service.draining());
+          out.set_progress(load.progress);
+          out.set_has_work(load.has_work);
+          out.set_unhealthy_reason(load.unhealthy_reason);
+          out.set_max_sequences(engine_options.max_running);
           return out;
         },
         on_registered);

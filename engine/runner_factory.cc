@@ -13,6 +13,7 @@
 #include "engine/cpu/cpu_model_runner.h"
 #include "engine/model/config.h"
 #include "engine/model/weight_source.h"
+#include "engine/model/weights.h"
 #if defined(PDSERVE_WITH_CUDA_BACKEND)
 #include "engine/cuda/cuda_backend.h"
 #endif
@@ -104,6 +105,17 @@ std::string DescribeRunner(const ModelRunner& runner, const RunnerOptions& optio
           : std::string(WeightDtypeName(options.weight_dtype)),
       static_cast<double>(runner.DecodeWeightBytes()) / (1 << 20), threads, runner.num_kv_blocks(),
       runner.kv_block_size(), kv_tokens, KvDtypeName(runner.kv_dtype()));
+}
+
+ServedModel DescribeServedModel(const ModelRunner& runner, const RunnerOptions& options) {
+  ServedModel out{.config_fingerprint = ConfigFingerprint(runner.config()),
+                  .weight_dtype = std::string(WeightDtypeName(options.weight_dtype)),
+                  .kv_dtype = std::string(KvDtypeName(runner.kv_dtype())),
+                  .kv_layout = std::string(kKvLayoutPagedNhd),
+                  .backend = std::string(runner.backend())};
+  absl::StatusOr<uint64_t> checkpoint = CheckpointFingerprint(runner.config(), options.model_dir);
+  if (checkpoint.ok()) out.checkpoint_fingerprint = *checkpoint;
+  return out;
 }
 
 }  // namespace pdserve::engine

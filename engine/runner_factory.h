@@ -41,6 +41,18 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
 // from `options`.
 std::string DescribeRunner(const ModelRunner& runner, const RunnerOptions& options);
 
+// What a worker serves, as the router's registration compares it with its
+// own model (router/worker_registry.h: ModelReference).
+struct ServedModel {
+  uint64_t config_fingerprint = 0;      // ConfigFingerprint
+  uint64_t checkpoint_fingerprint = 0;  // CheckpointFingerprint; 0 if it cannot be read
+  std::string weight_dtype;             // WeightDtypeName(options.weight_dtype)
+  std::string kv_dtype;                 // KvDtypeName
+  std::string kv_layout;                // kKvLayoutPagedNhd
+  std::string backend;
+};
+ServedModel DescribeServedModel(const ModelRunner& runner, const RunnerOptions& options);
+
 // options.num_kv_blocks, or as many blocks as kv_cache_bytes holds at
 // `bytes_per_element` (at least 1, at most what int32 slot ids address).
 inline int KvBlocksFor(const RunnerOptions& options, const ModelConfig& config,

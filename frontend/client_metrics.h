@@ -20,7 +20,7 @@ namespace pdserve::frontend {
 inline const std::vector<std::string> kFinishLabels = {"length",   "stop",  "context", "cancelled",
                                                        "deadline", "error", "rejected"};
 inline const std::vector<std::string> kRejectReasons = {
-    "invalid_argument", "capacity",           "draining",    "no_prefill_worker",
+    "invalid_argument", "capacity",           "overloaded",  "draining", "no_prefill_worker",
     "no_decode_worker", "resource_exhausted", "unavailable", "other"};
 
 struct ClientMetrics {

@@ -4,10 +4,12 @@
 // refused (the `reason` label of pdserve_requests_rejected_total).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace pdserve::frontend {
 
@@ -24,6 +26,16 @@ absl::Status WithField(absl::Status status, absl::string_view field);
 absl::Status WithRejectReason(absl::Status status, absl::string_view reason);
 // The label attached by WithRejectReason; "" when none.
 std::string RejectReason(const absl::Status& status);
+// `status` with a hint for the client: when to try again (the gRPC adapter
+// sends it as `retry-after` trailing metadata in whole seconds, the HTTP
+// adapter as a Retry-After header).
+absl::Status WithRetryAfter(absl::Status status, absl::Duration after);
+// The hint attached by WithRetryAfter; nullopt when none.
+std::optional<absl::Duration> RetryAfter(const absl::Status& status);
+// The hint in whole seconds, rounded up, at least 1 ("" when none): the
+// value of a Retry-After header.
+std::string RetryAfterSeconds(const absl::Status& status);
+
 // The label of a refusal with no reason attached, by its code:
 // invalid_argument, resource_exhausted, unavailable, else other.
 std::string RejectReasonForCode(absl::StatusCode code);

@@ -30,6 +30,8 @@ struct GenerationJob {
   engine::SamplingParams sampling;  // validated, seed resolved
   // Work on the request's behalf ends by then (worker call deadlines).
   absl::Time deadline = absl::InfiniteFuture();
+  // Admission order while requests wait for capacity: lower first.
+  int priority = 0;
 };
 
 // What a generation produced since the previous event.

@@ -72,6 +72,9 @@ struct Request {
   std::vector<std::string> stop;
   // End-user id for logs (OpenAI's `user`); may be empty.
   std::string user;
+  // Admission order when requests wait for capacity: lower first, FIFO
+  // within a value (as vLLM's `priority`); 0 by default.
+  int priority = 0;
   FieldNames names;
 };
 

@@ -68,6 +68,13 @@ absl::StatusOr<std::optional<Delta>> RequestSession::Next(absl::Duration timeout
         End("deadline");
         return absl::DeadlineExceededError("deadline exceeded");
       }
+      // Refused before any token (it waited in the router's queue, then
+      // the wait ran out): a refusal, not a failure.
+      if (const std::string reason = RejectReason(status);
+          !reason.empty() && completion_tokens_ == 0) {
+        End("rejected", reason);
+        return status;
+      }
       PDSERVE_LOG(WARNING) << "request " << request_.request_id << " failed: " << status;
       End("error");
       return status;
@@ -165,13 +172,17 @@ absl::Status RequestSession::Abandon() {
                   : absl::CancelledError("cancelled by the client");
 }
 
-void RequestSession::End(const std::string& label) {
+void RequestSession::End(const std::string& label, const std::string& reject_reason) {
   if (ended_) return;
   ended_ = true;
   // Frees the workers' share now rather than when the adapter lets go.
   generation_.reset();
   ClientMetrics& metrics = *manager_->metrics_;
-  metrics.CountFinished(label);
+  if (reject_reason.empty()) {
+    metrics.CountFinished(label);
+  } else {
+    metrics.CountRejected(reject_reason);
+  }
   metrics.in_flight.Decrement();
   manager_->in_flight_.fetch_sub(1);
 }
@@ -229,7 +240,8 @@ absl::StatusOr<std::unique_ptr<RequestSession>> SessionManager::Start(const Requ
   GenerationJob job{.request_id = validated->request_id,
                     .prompt = validated->prompt,
                     .sampling = validated->sampling,
-                    .deadline = call.deadline};
+                    .deadline = call.deadline,
+                    .priority = validated->priority};
   const absl::Time started = absl::Now();
   absl::StatusOr<std::unique_ptr<Generation>> generation = orchestrator_->Start(std::move(job));
   if (!generation.ok()) {

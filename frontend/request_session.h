@@ -109,8 +109,9 @@ class RequestSession {
   void Take(GenerationEvent& event, Delta* delta);
   // The last delta (text held back, usage, timings); ends the request.
   Delta Finish(engine::FinishReason reason);
-  // Ends the request once: counts it as `label`, releases admission.
-  void End(const std::string& label);
+  // Ends the request once: counts it as `label` (or, with a
+  // `reject_reason`, as a refusal for that reason), releases admission.
+  void End(const std::string& label, const std::string& reject_reason = "");
   bool PastDeadline(absl::Time now) const;
 
   SessionManager* const manager_;

@@ -33,6 +33,7 @@ struct ValidatedRequest {
   std::vector<int32_t> prompt;
   engine::SamplingParams sampling;  // seed resolved
   std::vector<std::string> stop_strings;
+  int priority = 0;
 };
 
 // Prompt tokens of the request's input:

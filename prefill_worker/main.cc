@@ -54,8 +54,14 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
 ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
-ABSL_FLAG(int, max_prefill_chunk_tokens, 0,
-          "Run prompts longer than this in chunks of this many tokens (0: whole prompts)");
+ABSL_FLAG(int, max_prefill_chunk_tokens, 512,
+          "Run prompts longer than this in chunks of this many tokens, so that a step is short "
+          "and a cancelled or expired prompt stops within one chunk (0: whole prompts)");
+ABSL_FLAG(int, prefill_step_target_ms, 250,
+          "Steps last about this long: their prompt tokens are capped at the measured rate times "
+          "this (never below one chunk, never above --max_batch_tokens), so a cancelled prompt "
+          "or a newly arrived one waits at most about this for the step in progress (0: steps of "
+          "--max_batch_tokens)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "Reuse the cached KV blocks of a prompt's longest cached prefix (shared prompt "
@@ -126,6 +132,7 @@ int Main() {
   prefill::PrefillEngineOptions engine_options{
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
       .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
+      .step_target = absl::Milliseconds(absl::GetFlag(FLAGS_prefill_step_target_ms)),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
       .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .peak_flops = peak.value};
@@ -156,9 +163,16 @@ int Main() {
     info.set_model_fingerprint((*runner)->fingerprint());
     info.set_kv_block_size((*runner)->kv_block_size());
     info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
+    const engine::ServedModel served = engine::DescribeServedModel(**runner, runner_options);
+    info.set_config_fingerprint(served.config_fingerprint);
+    info.set_checkpoint_fingerprint(served.checkpoint_fingerprint);
+    info.set_weight_dtype(served.weight_dtype);
+    info.set_kv_dtype(served.kv_dtype);
+    info.set_kv_layout(served.kv_layout);
+    info.set_backend(served.backend);
     registrar = std::make_unique<WorkerRegistrar>(
         absl::GetFlag(FLAGS_router), info,
-        [&engine, &service] {
+        [&engine, &service, &engine_options] {
           prefill::PrefillLoad load = engine->load();
           internal::v1::WorkerLoad out;
           out.set_queued_prompt_tokens(load.queued_tokens);
@@ -166,6 +180,12 @@ int Main() {
           out.mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(),
                                                     load.cached_block_hashes.end());
           out.set_draining(service.draining());
+          out.set_progress(load.progress);
+          out.set_has_work(load.has_work);
+          out.set_unhealthy_reason(load.unhealthy_reason);
+          out.set_tokens_per_second(load.tokens_per_second);
+          out.set_max_batch_tokens(engine_options.max_batch_tokens);
+          out.set_max_queued_requests(engine_options.max_queued_requests);
           return out;
         },
         on_registered);

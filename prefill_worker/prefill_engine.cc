@@ -1,5 +1,6 @@
 #include "prefill_worker/prefill_engine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,20 @@ bool PrefillTicket::Wait(absl::Duration timeout, absl::StatusOr<PrefillOutcome>*
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return false;
   *out = *result_;
   return true;
+}
+
+PrefillProgress PrefillTicket::Await(absl::Duration timeout, bool started_seen) {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, started_seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return result_.has_value() || (started_ && !started_seen);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  return {.started = started_, .result = result_};
+}
+
+void PrefillTicket::Start() {
+  absl::MutexLock lock(&mu_);
+  started_ = true;
 }
 
 void PrefillTicket::Complete(absl::StatusOr<PrefillOutcome> result) {
@@ -54,13 +69,16 @@ PrefillEngine::~PrefillEngine() {
     stop_ = true;
   }
   thread_.join();
-  // The loop has ended: whatever is left never ran to the end.
+  // The loop has ended: whatever is left never ran to the end, or never
+  // got its session.
+  const absl::Status why = absl::UnavailableError("prefill worker is shutting down");
   for (auto& [id, job] : jobs_) {
-    const absl::Status why = absl::UnavailableError("prefill worker is shutting down");
-    job.kv_session->Abort(why);
+    if (job.kv_session != nullptr) job.kv_session->Abort(why);
     job.ticket->Complete(why);
   }
   jobs_.clear();
+  for (auto& [id, d] : deferred_) d.job.ticket->Complete(why);
+  deferred_.clear();
   // Wait (bounded) for the receivers' acks of sends in flight; callbacks set
   // the count under the tracker's lock, so this wakes as soon as they are in.
   std::vector<std::unique_ptr<kvtransfer::SendSession>> sessions;
@@ -109,14 +127,14 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
       !s.ok()) {
     return s;
   }
-  if (request.kv_session == nullptr) return absl::InvalidArgumentError("no KV session");
-  auto ticket = std::make_shared<PrefillTicket>();
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("prefill worker is shutting down");
   if (static_cast<int>(jobs_.size()) >= options_.max_queued_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("prefill queue full (", options_.max_queued_requests, " requests)"));
   }
+  auto ticket = std::make_shared<PrefillTicket>(static_cast<int>(jobs_.size()),
+                                                scheduler_.pending_prompt_tokens());
   const engine::SeqId id = next_seq_++;
   if (absl::Status s =
           scheduler_.AddPrompt(id, std::move(request.prompt), request.sampling, request.generated);
@@ -134,8 +152,56 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
   return ticket;
 }
 
+void PrefillEngine::AttachKvSession(
+    const std::shared_ptr<PrefillTicket>& ticket,
+    absl::StatusOr<std::unique_ptr<kvtransfer::SendSession>> session) {
+  std::optional<Deferred> computed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      Job& job = it->second;
+      if (job.ticket != ticket) continue;
+      // Read by the engine thread when it plans the prompt's last step.
+      if (session.ok()) {
+        job.kv_session = *std::move(session);
+        return;
+      }
+      // Nowhere to send its KV: it stops now, or when its step ends.
+      job.kv_open_error = session.status();
+      metrics_->CountKvTransferFailure(session.status());
+      if (!scheduler_.Cancel(it->first)) return;
+      jobs_.erase(it);
+      UpdateGaugesLocked();
+      ticket->Complete(session.status());
+      return;
+    }
+    for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+      if (it->second.job.ticket != ticket) continue;
+      computed = std::move(it->second);
+      deferred_.erase(it);
+      break;
+    }
+    if (computed.has_value() && !session.ok()) {
+      scheduler_.Release(computed->id);
+      UpdateGaugesLocked();
+    }
+  }
+  if (!computed.has_value()) {  // cancelled or ended meanwhile
+    if (session.ok()) (*session)->Abort(absl::CancelledError("prefill request ended"));
+    return;
+  }
+  if (!session.ok()) {
+    metrics_->CountKvTransferFailure(session.status());
+    computed->job.ticket->Complete(session.status());
+    return;
+  }
+  computed->job.kv_session = *std::move(session);
+  SendAllAndFinish(*std::move(computed));
+}
+
 void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
   std::unique_ptr<kvtransfer::SendSession> session;
+  bool found = false;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
@@ -144,21 +210,37 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
       if (!scheduler_.Cancel(it->first)) return;
       session = std::move(it->second.kv_session);
       jobs_.erase(it);
-      UpdateGaugesLocked();
+      found = true;
       break;
     }
+    for (auto it = deferred_.begin(); !found && it != deferred_.end(); ++it) {
+      if (it->second.job.ticket != ticket) continue;
+      scheduler_.Release(it->first);
+      deferred_.erase(it);
+      found = true;
+      break;
+    }
+    if (found) UpdateGaugesLocked();
   }
-  if (session == nullptr) return;
+  if (!found) return;
   const absl::Status why = absl::CancelledError("prefill cancelled by the caller");
-  session->Abort(why);
+  if (session != nullptr) session->Abort(why);
   ticket->Complete(why);
 }
 
 PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
   PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
-                   .queued_requests = static_cast<int>(jobs_.size())};
+                   .queued_requests = static_cast<int>(jobs_.size()),
+                   .progress = steps_completed_ + layers_computed_.load(),
+                   .has_work = stepping_ && !jobs_.empty(),
+                   .tokens_per_second = tokens_per_second_};
   if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
+  constexpr int kUnhealthyAfter = 3;
+  if (failed_steps_in_a_row_ >= kUnhealthyAfter) {
+    load.unhealthy_reason =
+        absl::StrCat("its last ", failed_steps_in_a_row_, " steps failed: ", last_step_error_);
+  }
   return load;
 }
 
@@ -173,6 +255,8 @@ void PrefillEngine::Loop() {
   while (true) {
     engine::ScheduledStep step;
     std::vector<Job*> jobs;
+    std::vector<kvtransfer::SendSession*> sessions;  // as attached when planned
+    std::vector<Job*> starting;                      // to tell they started
     absl::Time start;
     {
       absl::MutexLock lock(&mu_);
@@ -181,11 +265,20 @@ void PrefillEngine::Loop() {
       if (stop_) return;
       wake_ = false;
       const absl::Time plan_start = absl::Now();
+      if (options_.step_target > absl::ZeroDuration() && tokens_per_second_ > 0) {
+        const int floor = options_.max_prefill_chunk_tokens > 0 ? options_.max_prefill_chunk_tokens
+                                                                : options_.max_batch_tokens;
+        const double timed = tokens_per_second_ * absl::ToDoubleSeconds(options_.step_target);
+        scheduler_.set_step_token_limit(std::min(
+            options_.max_batch_tokens,
+            std::max(floor, static_cast<int>(std::min<double>(timed, options_.max_batch_tokens)))));
+      }
       step = scheduler_.Schedule();
       start = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
       metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
       metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
+      stepping_ = !step.empty();
       if (step.empty()) continue;
       wake_ = true;  // plan again right after this step
       for (engine::SeqId id : step.ids) {
@@ -193,8 +286,11 @@ void PrefillEngine::Loop() {
         if (!job.started_set) {
           job.started = start;
           job.started_set = true;
+          metrics_->queue_wait.Observe(absl::ToDoubleSeconds(start - job.enqueued));
+          job.ticket->Start();  // its caller opens the KV session now
         }
         jobs.push_back(&job);
+        sessions.push_back(job.kv_session.get());
       }
       running_tokens_ = step.num_tokens;
       running_requests_ = static_cast<int>(step.ids.size());
@@ -211,7 +307,7 @@ void PrefillEngine::Loop() {
     std::vector<size_t> sent_bytes(step.ids.size(), 0);
     absl::Time first_layer_sent = absl::InfiniteFuture();
     const absl::StatusOr<engine::StepOutput> output =
-        RunStep(step, jobs, send_status, sent_bytes, first_layer_sent);
+        RunStep(step, jobs, sessions, send_status, sent_bytes, first_layer_sent);
     const absl::Time compute_end = absl::Now();
     const double seconds = absl::ToDoubleSeconds(compute_end - start);
     metrics_->step_seconds.Observe(seconds);
@@ -231,20 +327,59 @@ void PrefillEngine::Loop() {
       size_t sent_bytes = 0;
     };
     std::vector<Done> done;
+    std::vector<Deferred> late;  // computed, session attached during the step
     {
       absl::MutexLock lock(&mu_);
+      ++steps_completed_;
+      if (output.ok()) {
+        failed_steps_in_a_row_ = 0;
+        if (seconds > 0) {
+          const double rate = step.num_tokens / seconds;
+          tokens_per_second_ =
+              tokens_per_second_ == 0 ? rate : 0.8 * tokens_per_second_ + 0.2 * rate;
+        }
+      } else {
+        ++failed_steps_in_a_row_;
+        last_step_error_ = std::string(output.status().message());
+      }
       const std::vector<engine::SequenceUpdate> updates = scheduler_.Complete(step, output);
       for (size_t i = 0; i < updates.size(); ++i) {
         const engine::SequenceUpdate& u = updates[i];
         auto it = jobs_.find(u.id);
         if (it == jobs_.end()) continue;
         if (u.cancelled) {
-          done.push_back({.job = std::move(it->second),
-                          .error = absl::CancelledError("prefill cancelled by the caller")});
+          absl::Status why = it->second.kv_open_error.ok()
+                                 ? absl::CancelledError("prefill cancelled by the caller")
+                                 : it->second.kv_open_error;
+          done.push_back({.job = std::move(it->second), .error = std::move(why)});
         } else if (!u.error.ok()) {
           done.push_back(
               {.job = std::move(it->second),
                .error = absl::InternalError(absl::StrCat("prefill failed: ", u.error.message()))});
+        } else if (u.token.has_value() && sessions[i] == nullptr) {
+          // Computed before its session was attached: the KV goes now if it
+          // arrived during the step, else when it does.
+          Job& job = it->second;
+          if (!job.kv_open_error.ok()) {  // counted when it was attached
+            scheduler_.Release(u.id);
+            absl::Status error = job.kv_open_error;
+            done.push_back({.job = std::move(job), .error = std::move(error)});
+          } else {
+            // Held by the scheduler until released (the step's own spans
+            // are gone once it completed).
+            const engine::Scheduler::Sequence* held = scheduler_.Find(u.id);
+            Deferred d{.id = u.id,
+                       .job = std::move(job),
+                       .first = *u.token,
+                       .block_table = held->block_table,
+                       .compute_end = compute_end,
+                       .compute_seconds = seconds};
+            if (d.job.kv_session != nullptr) {
+              late.push_back(std::move(d));
+            } else {
+              deferred_.emplace(u.id, std::move(d));
+            }
+          }
         } else if (u.token.has_value()) {
           // The transport reads the blocks until the send is done (FinishJob
           // releases them then); a send that already failed reads nothing
@@ -264,11 +399,12 @@ void PrefillEngine::Loop() {
       running_requests_ = 0;
       UpdateGaugesLocked();
     }
+    for (Deferred& d : late) SendAllAndFinish(std::move(d));
     for (Done& d : done) {
       metrics_->requests.Increment();
       metrics_->prompt_tokens.Increment(d.job.prompt_len);
       if (!d.first.has_value()) {
-        d.job.kv_session->Abort(d.error);
+        if (d.job.kv_session != nullptr) d.job.kv_session->Abort(d.error);
         d.job.ticket->Complete(d.error);
       } else if (!d.error.ok()) {
         metrics_->CountKvTransferFailure(d.error);
@@ -283,11 +419,10 @@ void PrefillEngine::Loop() {
   }
 }
 
-absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(engine::ScheduledStep& step,
-                                                          const std::vector<Job*>& jobs,
-                                                          std::vector<absl::Status>& send_status,
-                                                          std::vector<size_t>& sent_bytes,
-                                                          absl::Time& first_layer_sent) {
+absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(
+    engine::ScheduledStep& step, const std::vector<Job*>& jobs,
+    const std::vector<kvtransfer::SendSession*>& sessions, std::vector<absl::Status>& send_status,
+    std::vector<size_t>& sent_bytes, absl::Time& first_layer_sent) {
   absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner_->Enqueue(step.batch);
   if (!handle.ok()) return handle.status();
   // Queue layer i of every prompt this step finishes (all its tokens,
@@ -297,7 +432,8 @@ absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(engine::ScheduledStep&
   // the layer complete.
   bool host_wait = false;
   for (size_t i = 0; i < step.ids.size(); ++i) {
-    if (step.batch.seqs[i].sampling != nullptr && !jobs[i]->kv_session->OrdersOnDeviceEvents()) {
+    if (step.batch.seqs[i].sampling != nullptr && sessions[i] != nullptr &&
+        !sessions[i]->OrdersOnDeviceEvents()) {
       host_wait = true;
     }
   }
@@ -306,22 +442,45 @@ absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(engine::ScheduledStep&
     void* event = (*handle)->LayerDeviceEvent(layer);
     if (host_wait || event == nullptr) {
       if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+      layers_computed_.fetch_add(1);
     }
     if (layer == 0) first_layer_sent = absl::Now();
     for (size_t i = 0; i < step.ids.size(); ++i) {
       const engine::StepSequence& seq = step.batch.seqs[i];
-      if (seq.sampling == nullptr || !send_status[i].ok()) continue;
+      if (seq.sampling == nullptr || sessions[i] == nullptr || !send_status[i].ok()) continue;
       const int n = jobs[i]->prompt_len;
-      send_status[i] = jobs[i]->kv_session->SendLayer(
+      send_status[i] = sessions[i]->SendLayer(
           {.layer = layer,
            .token_begin = 0,
            .num_tokens = n,
            .block_table = seq.block_table,
-           .ready_event = jobs[i]->kv_session->OrdersOnDeviceEvents() ? event : nullptr});
+           .ready_event = sessions[i]->OrdersOnDeviceEvents() ? event : nullptr});
       if (send_status[i].ok()) sent_bytes[i] += layer_bytes * n;
     }
   }
   return (*handle)->Wait();
+}
+
+void PrefillEngine::SendAllAndFinish(Deferred d) {
+  const int n = d.job.prompt_len;
+  absl::Status sent;
+  for (int layer = 0; layer < runner_->config().num_layers && sent.ok(); ++layer) {
+    sent = d.job.kv_session->SendLayer(
+        {.layer = layer, .token_begin = 0, .num_tokens = n, .block_table = d.block_table});
+  }
+  metrics_->requests.Increment();
+  metrics_->prompt_tokens.Increment(n);
+  if (!sent.ok()) {
+    d.job.kv_session->Abort(sent);
+    ReleaseSource(d.id);
+    metrics_->CountKvTransferFailure(sent);
+    d.job.ticket->Complete(absl::UnavailableError(
+        absl::StrCat("KV transfer to the decode worker failed: ", sent.message())));
+    return;
+  }
+  const size_t bytes = runner_->LayerKvBytes(n) * runner_->config().num_layers;
+  FinishJob(d.id, d.job, std::move(d.first), bytes, d.compute_end, d.compute_end,
+            d.compute_seconds);
 }
 
 void PrefillEngine::ReleaseSource(engine::SeqId id) {

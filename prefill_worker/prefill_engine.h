@@ -8,6 +8,11 @@
 // token is sampled by the runner and handed back at once (time to first
 // token ends there). A prompt's blocks are held until the transport reports
 // them read (the session's `done`), then released.
+// The KV session is not opened while a prompt waits: the caller opens it
+// when the ticket says the prompt started (PrefillTicket::Await) and
+// attaches it (AttachKvSession), so connections to decode workers exist only
+// for prompts being computed. A prompt computed before its session arrived
+// holds its blocks, and its layers and first token go out on attachment.
 // With prefix caching, a prompt starts after the longest prefix whose blocks
 // are still cached (in use by another prompt, or evictable), its own full
 // blocks stay cached once released, and the KV sent still covers the whole
@@ -50,8 +55,8 @@ struct PrefillRequest {
   // count toward max_tokens, min_tokens and the penalties).
   std::vector<int32_t> generated;
   engine::SamplingParams sampling;
-  // Open session to the decode worker's receiver for this request
-  // (prompt + generated tokens).
+  // A session opened up front (in-process callers and tests); null: the
+  // caller attaches one once the request starts (AttachKvSession).
   std::unique_ptr<kvtransfer::SendSession> kv_session;
 };
 
@@ -61,24 +66,48 @@ struct PrefillOutcome {
   double compute_seconds = 0;
 };
 
-// Completion handle of one submitted request.
+// Where a submitted request stands.
+struct PrefillProgress {
+  bool started = false;  // its first step began
+  std::optional<absl::StatusOr<PrefillOutcome>> result;
+};
+
+// Handle of one submitted request: its place in the queue when it was
+// accepted, then whether it started and how it ended.
 class PrefillTicket {
  public:
+  PrefillTicket(int queue_position, int64_t tokens_ahead)
+      : queue_position_(queue_position), tokens_ahead_(tokens_ahead) {}
+  int queue_position() const { return queue_position_; }  // prompts ahead when accepted
+  int64_t tokens_ahead() const { return tokens_ahead_; }  // their tokens
+
+  // Waits up to `timeout` for a result, or for the start when
+  // `started_seen` is false; returns where the request stands.
+  PrefillProgress Await(absl::Duration timeout, bool started_seen);
   // Waits up to `timeout`; true with *out set once the request completed.
   bool Wait(absl::Duration timeout, absl::StatusOr<PrefillOutcome>* out);
+  void Start();
   void Complete(absl::StatusOr<PrefillOutcome> result);
 
  private:
+  const int queue_position_;
+  const int64_t tokens_ahead_;
   absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::StatusOr<PrefillOutcome>> result_ ABSL_GUARDED_BY(mu_);
 };
 
 struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
-  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  // Steps last about this long: their new tokens are capped at the measured
+  // rate times this, never below one chunk (a whole prompt unchunked) nor
+  // above max_batch_tokens. Bounds how long a cancelled prompt, or a newly
+  // arrived one, waits for the step in progress. Zero: max_batch_tokens.
+  absl::Duration step_target = absl::ZeroDuration();
+  int max_queued_requests = 1024;  // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
-  double peak_flops = 0;             // FLOP/s for the MFU gauge; 0: unknown
+  double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
   absl::Duration send_drain_timeout = absl::Seconds(10);
 };
@@ -89,6 +118,14 @@ struct PrefillLoad {
   // With prefix caching: the KV cache's digest for routers
   // (KvCacheManager::CachedHashDigest).
   std::vector<uint64_t> cached_block_hashes;
+  // Progress (the router's liveness judgement): steps completed plus layers
+  // computed since start, whether prompts wait or run, prompt tokens
+  // computed per second over recent steps, and why the engine cannot serve
+  // (empty: it can).
+  uint64_t progress = 0;
+  bool has_work = false;
+  double tokens_per_second = 0;
+  std::string unhealthy_reason;
 };
 
 class PrefillEngine {
@@ -99,9 +136,16 @@ class PrefillEngine {
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);
+  // The KV session of a started request (or why it could not be opened:
+  // the request then fails with that status once computed). A request
+  // computed before its session arrived sends its KV and completes here.
+  // No effect (the session is aborted) once the ticket completed.
+  void AttachKvSession(const std::shared_ptr<PrefillTicket>& ticket,
+                       absl::StatusOr<std::unique_ptr<kvtransfer::SendSession>> session);
   // Drops the request: at once if it waits, else at the end of the step it
   // is in (a chunked prompt stops at the next chunk). No effect once the
   // ticket completed.
@@ -112,12 +156,24 @@ class PrefillEngine {
  private:
   struct Job {
     std::string request_id;
+    // Attached by the caller once the request started; null until then.
     std::unique_ptr<kvtransfer::SendSession> kv_session;
+    absl::Status kv_open_error;  // the session could not be opened
     std::shared_ptr<PrefillTicket> ticket;
     int prompt_len = 0;  // tokens whose KV is sent: prompt + generated
     absl::Time enqueued;
     absl::Time started;  // first step that computed it
     bool started_set = false;
+  };
+  // A computed prompt whose session had not arrived: blocks held, first
+  // token kept, until AttachKvSession (or Cancel, or shutdown).
+  struct Deferred {
+    engine::SeqId id = 0;
+    Job job;
+    engine::SampledToken first;
+    std::vector<int32_t> block_table;
+    absl::Time compute_end;
+    double compute_seconds = 0;
   };
   // KV sends whose receiver ack is pending. Shared with the sends' completion
   // callbacks, which may outlive the engine: after the engine is gone they
@@ -136,12 +192,17 @@ class PrefillEngine {
 
   void Loop();
   // Runs `step` on the runner, staging each layer of the prompts it finishes
-  // into their KV sessions; returns the step's result.
+  // into their KV sessions (`sessions`, per sequence; null: not attached
+  // when the step was planned, sent after it); returns the step's result.
   absl::StatusOr<engine::StepOutput> RunStep(engine::ScheduledStep& step,
                                              const std::vector<Job*>& jobs,
+                                             const std::vector<kvtransfer::SendSession*>& sessions,
                                              std::vector<absl::Status>& send_status,
                                              std::vector<size_t>& sent_bytes,
                                              absl::Time& first_layer_sent);
+  // Queues every layer of a computed prompt on its session, then hands it
+  // out (FinishJob); on a send failure releases the blocks and fails it.
+  void SendAllAndFinish(Deferred d);
   // Hands a finished prompt's first token out and its session to the
   // tracker; the blocks of sequence `id` are released when the send is done.
   void FinishJob(engine::SeqId id, Job& job, engine::SampledToken first, size_t sent_bytes,
@@ -160,6 +221,19 @@ class PrefillEngine {
   // Requests not yet answered, by sequence id; nodes stay put while a step
   // runs (only the engine thread erases a job that is in a step).
   std::unordered_map<engine::SeqId, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<engine::SeqId, Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  // Progress: steps completed, prompt tokens per second (moving average
+  // over busy steps), consecutive failed steps and the last failure.
+  uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Layers computed within steps (RunStep, without the lock): progress a
+  // long prompt step shows before it completes.
+  std::atomic<uint64_t> layers_computed_{0};
+  // The last plan had a step to run: work the engine can step now (not
+  // prompts waiting for blocks that KV sends still hold).
+  bool stepping_ ABSL_GUARDED_BY(mu_) = false;
+  double tokens_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  int failed_steps_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_step_error_ ABSL_GUARDED_BY(mu_);
   int64_t running_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int running_requests_ ABSL_GUARDED_BY(mu_) = 0;
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,6 +1,8 @@
-// gRPC adapter of the prefill worker: opens the KV session to the decode
-// worker named in the job, submits the prompt, and answers with the first
-// token. Cancelling the call drops a request that has not started.
+// gRPC adapter of the prefill worker: submits the prompt and streams where
+// it stands (accepted with its place in the queue, started), opens the KV
+// session to the decode worker named in the job once the prompt starts, and
+// answers with the first token. Cancelling the call drops the request (at
+// once while it waits, at the end of its step while it computes).
 #pragma once
 
 #include <atomic>
@@ -18,7 +20,7 @@ class PrefillService final : public internal::v1::PrefillWorker::Service {
       : engine_(engine), sender_(sender) {}
 
   grpc::Status Prefill(grpc::ServerContext* context, const internal::v1::PrefillJob* job,
-                       internal::v1::PrefillResult* result) override;
+                       grpc::ServerWriter<internal::v1::PrefillEvent>* writer) override;
 
   void SetDraining(bool draining) { draining_.store(draining); }
   bool draining() const { return draining_.load(); }

@@ -14,10 +14,10 @@
 // Faults are handled here, behind the same interface (the session and the
 // adapters do not see them). A generation is run by attempts: one decode
 // reservation plus one prefill. When an attempt fails (a worker call ends
-// with an error we did not ask for, a stream ends without finishing, or
-// nothing arrives for `stall_timeout`), the generation starts another
-// attempt on other workers, up to `max_attempts` in all and within the
-// request's deadline. Before the first token this is a retry
+// with an error we did not ask for, a stream ends without finishing, or a
+// worker serving it is judged out of service), the generation starts
+// another attempt on other workers, up to `max_attempts` in all and within
+// the request's deadline. Before the first token this is a retry
 // (pdserve_retries_total{pool}); after it, a migration
 // (pdserve_migrations_total{reason}): the new attempt prefills the prompt
 // plus every token already relayed, and the new decode worker continues
@@ -26,17 +26,36 @@
 // so the client's stream goes on without a gap or a repeat, with the tokens
 // an uninterrupted run gives. Tokens of a failed attempt that were not yet
 // relayed are dropped (the next attempt computes them again).
+//
+// Liveness comes from the workers, never from a request: a worker is out of
+// service when its heartbeats stop, a call finds its connection broken, it
+// reports itself unhealthy, or it has work and its step count stops moving
+// (WorkerRegistry::Judge). A watch thread judges the workers of every
+// generation each `watch_interval`. A long queue or a request's own short
+// deadline never takes a worker out of service: a deadline ends that
+// request only, and a worker that has not answered one request within
+// `stall_timeout` (no reservation, no acceptance of the prompt) is given up
+// for that request alone.
+//
+// Admission (router/admission.h): a request the pools cannot take now
+// waits in the router's queue (priority, then arrival) until they can, or
+// is refused at once with RESOURCE_EXHAUSTED and a retry hint; a worker's
+// refusal for lack of room puts the request back at the head of the queue.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "frontend/orchestrator.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
+#include "router/admission.h"
 #include "router/router_metrics.h"
 #include "router/routing_policy.h"
 #include "router/worker_registry.h"
@@ -47,9 +66,10 @@ struct OrchestratorOptions {
   // Attempts a generation may use in all (the first placement, retries and
   // migrations); at least 1.
   int max_attempts = 3;
-  // A decode worker that does not answer a reservation, a prefill that
-  // does not answer, or a decode stream that relays no token for this long
-  // is treated as failed. Zero: never (the request's deadline still holds).
+  // A decode worker that does not answer a reservation, or a prefill worker
+  // that does not accept a prompt, for this long is given up for that
+  // request (another worker is tried); the worker is not blamed. Zero:
+  // never (the request's deadline still holds).
   absl::Duration stall_timeout = absl::ZeroDuration();
   // The served model (EOS ids, context length), outliving the orchestrator.
   // A failure after a relayed token that ended the run (engine::CheckFinish:
@@ -57,39 +77,57 @@ struct OrchestratorOptions {
   // that reason instead of moving the request: only the finish was lost.
   // Null: only a max_tokens stop is recognised.
   const engine::ModelConfig* model = nullptr;
+  // How often the workers serving generations are judged and the admission
+  // queue is looked at again (it is also looked at whenever work ends).
+  absl::Duration watch_interval = absl::Milliseconds(200);
+  AdmissionOptions admission;
+  // The retry hint of an UNAVAILABLE for an empty pool: workers register
+  // within a heartbeat interval of a router (re)start.
+  absl::Duration empty_pool_retry_after = absl::Seconds(1);
 };
+
+class DisaggregatedGeneration;
 
 class DisaggregatedOrchestrator final : public frontend::Orchestrator {
  public:
   // `registry`, `policy` and `metrics` must outlive the orchestrator and
-  // every generation it started.
+  // every generation it started. Starts the watch thread.
   DisaggregatedOrchestrator(WorkerRegistry* registry, const RoutingPolicy* policy,
                             RouterMetrics* metrics, OrchestratorOptions options = {});
+  // Joins the watch thread; every generation must be gone.
+  ~DisaggregatedOrchestrator() override;
 
-  // Refusals: UNAVAILABLE with reason no_decode_worker or no_prefill_worker
-  // when a pool is empty; the decode workers' own status (RESOURCE_EXHAUSTED
-  // when every one is full) when each refused; INVALID_ARGUMENT when a worker
+  // Places the job at once when the pools can take it, else queues it (the
+  // generation is placed from Next once its turn comes). Refusals:
+  // RESOURCE_EXHAUSTED "overloaded" with a retry hint when the queue is
+  // full or the wait ahead would outlast the request's deadline;
+  // UNAVAILABLE with reason no_decode_worker or no_prefill_worker (and a
+  // retry hint) when a pool is empty; INVALID_ARGUMENT when a worker
   // refused the input.
   absl::StatusOr<std::unique_ptr<frontend::Generation>> Start(frontend::GenerationJob job) override;
 
-  // The stub (and channel) of a worker address; a call holds it until it
-  // ends. Making one for a new address first drops those of addresses no
-  // live worker has that no call holds: workers that come and go (pods
-  // restarted on new addresses) do not leave channels behind.
-  std::shared_ptr<internal::v1::PrefillWorker::Stub> PrefillStub(const std::string& address);
-  std::shared_ptr<internal::v1::DecodeWorker::Stub> DecodeStub(const std::string& address);
+  // A worker's channel and stub; a call holds them until it ends. Making
+  // one for a new address first drops those of addresses no live worker
+  // has that no call holds: workers that come and go (pods restarted on new
+  // addresses) do not leave channels behind.
+  template <typename Service>
+  struct WorkerChannel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::shared_ptr<typename Service::Stub> stub;
+  };
+  WorkerChannel<internal::v1::PrefillWorker> PrefillStub(const std::string& address);
+  WorkerChannel<internal::v1::DecodeWorker> DecodeStub(const std::string& address);
   // Worker addresses with a stub held now (prefill and decode).
   int channel_count();
+  // Requests waiting in the admission queue.
+  int queued();
   WorkerRegistry& registry() { return *registry_; }
   const RoutingPolicy* policy() const { return policy_; }
   RouterMetrics& metrics() { return *metrics_; }
   const OrchestratorOptions& options() const { return options_; }
 
  private:
-  const OrchestratorOptions options_;
-  WorkerRegistry* const registry_;
-  const RoutingPolicy* const policy_;
-  RouterMetrics* const metrics_;
+  friend class DisaggregatedGeneration;
 
   // Drops the stubs of addresses no live worker has and no call holds.
   void PruneStubsLocked(const std::set<std::string>& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stubs_mu_);
@@ -97,16 +135,62 @@ class DisaggregatedOrchestrator final : public frontend::Orchestrator {
   std::set<std::string> LiveAddresses();
 
   template <typename Service>
-  using StubMap = std::map<std::string, std::shared_ptr<typename Service::Stub>>;
+  using StubMap = std::map<std::string, WorkerChannel<Service>>;
   // The stub of `address` in `stubs` (one of the maps below), made (after
   // pruning) when there is none.
   template <typename Service>
-  std::shared_ptr<typename Service::Stub> CachedStub(StubMap<Service>& stubs,
-                                                     const std::string& address);
+  WorkerChannel<Service> CachedStub(StubMap<Service>& stubs, const std::string& address);
+
+  // Admission, for generations. Queues `generation` (front: it had its
+  // turn and a worker refused it for lack of room); false when full.
+  bool Enqueue(DisaggregatedGeneration* generation, bool front);
+  // A granted generation placed itself (or gave up its grant): the next
+  // may be granted. `requeued`: a worker refused it for lack of room after
+  // all, so the reports overstate the room: the next grant waits for the
+  // next watch round.
+  void GrantUsed(DisaggregatedGeneration* generation, bool requeued);
+  // Grants the head of the queue its turn when the pools can take it.
+  void Pump();
+  // Asks the watch thread to Pump soon (from gRPC reactions, which must not
+  // take the admission lock under a generation's).
+  void RequestPump();
+  // Whether the pools can take `query` now.
+  bool HasCapacityNow(const AdmissionQuery& query);
+  // A refusal for lack of room, with the estimated wait as the retry hint.
+  absl::Status Overloaded(absl::string_view why);
+  // A generation is gone: out of the watch list and the queue.
+  void Forget(DisaggregatedGeneration* generation);
+  // Every `watch_interval`: judge the workers of every generation, expire
+  // queued requests, pump the queue, update the gauges.
+  void Watch();
+
+  const OrchestratorOptions options_;
+  WorkerRegistry* const registry_;
+  const RoutingPolicy* const policy_;
+  RouterMetrics* const metrics_;
+  const absl::Time created_ = absl::Now();
 
   absl::Mutex stubs_mu_;
   StubMap<internal::v1::PrefillWorker> prefill_stubs_ ABSL_GUARDED_BY(stubs_mu_);
   StubMap<internal::v1::DecodeWorker> decode_stubs_ ABSL_GUARDED_BY(stubs_mu_);
+
+  // Lock order: gens_mu_, then admission_mu_, then a generation's own, then
+  // the registry's.
+  absl::Mutex gens_mu_;
+  std::set<DisaggregatedGeneration*> generations_ ABSL_GUARDED_BY(gens_mu_);
+  absl::Mutex admission_mu_ ABSL_ACQUIRED_AFTER(gens_mu_);
+  AdmissionQueue queue_ ABSL_GUARDED_BY(admission_mu_);
+  std::unordered_map<AdmissionQueue::Ticket, DisaggregatedGeneration*> queued_
+      ABSL_GUARDED_BY(admission_mu_);
+  // The generation granted its turn and not yet placed (one at a time, so
+  // that each grant sees the load of the one before).
+  DisaggregatedGeneration* granted_ ABSL_GUARDED_BY(admission_mu_) = nullptr;
+  std::atomic<uint64_t> next_ticket_{1};
+
+  absl::Mutex watch_mu_;
+  bool stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  bool pump_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watch_thread_;  // last: runs Watch() over everything above
 };
 
 }  // namespace pdserve::router

@@ -21,9 +21,12 @@
 #include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/memory.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/process_metrics.h"
+#include "engine/model/weight_source.h"
+#include "engine/model/weights.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"
@@ -63,8 +66,28 @@ ABSL_FLAG(int, max_attempts, 3,
           "Placements a request may use in all: retries before its first token and migrations "
           "to another worker pair after it");
 ABSL_FLAG(int, stall_timeout_ms, 30000,
-          "A decode stream silent this long, or a worker call unanswered this long, is treated "
-          "as failed and the request moves on (0: never)");
+          "A decode worker that does not answer a reservation, or a prefill worker that does "
+          "not accept a prompt, this long is given up for that request alone (another worker "
+          "is tried; the worker stays in service) (0: never)");
+ABSL_FLAG(int, worker_hang_timeout_ms, 30000,
+          "A worker with work whose engine completes no step for this long is hung: out of "
+          "service, and its requests move, until its steps move again (0: never). Longer than "
+          "the longest engine step");
+ABSL_FLAG(int, max_queued_requests, 1024,
+          "Requests that wait at the router for the pools to have room; beyond, "
+          "RESOURCE_EXHAUSTED with a retry hint");
+ABSL_FLAG(int, max_queue_wait_ms, 120000,
+          "Longest wait at the router for room; then RESOURCE_EXHAUSTED with a retry hint");
+ABSL_FLAG(int, prefill_queue_batches, 4,
+          "Prompts are sent to a prefill worker while the tokens queued there stay under this "
+          "many of its steps (--max_batch_tokens); the rest wait at the router");
+ABSL_FLAG(std::string, weight_dtype, "",
+          "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8); empty: not "
+          "checked (prefill and decode workers are paired only where their models as served "
+          "are equal)");
+ABSL_FLAG(std::string, kv_dtype, "",
+          "KV element type every worker must have (f32: the CPU backend, bf16: CUDA); empty: "
+          "not checked (prefill and decode workers are paired only where their KV matches)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -112,14 +135,37 @@ int Main() {
     return 1;
   }
 
-  router::WorkerRegistry workers(absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
+  // The router's own model is the reference every worker is checked
+  // against at registration.
+  router::ModelReference reference{
+      .config_fingerprint = engine::ConfigFingerprint(prompt_source->config),
+      .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),
+      .kv_dtype = absl::GetFlag(FLAGS_kv_dtype)};
+  if (absl::StatusOr<uint64_t> checkpoint =
+          engine::CheckpointFingerprint(prompt_source->config, model_dir);
+      checkpoint.ok()) {
+    reference.checkpoint_fingerprint = *checkpoint;
+  } else {
+    PDSERVE_LOG(WARNING) << "workers are checked against config.json only: "
+                         << checkpoint.status().message();
+  }
+  const absl::Duration stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms));
+  router::WorkerRegistry workers(
+      {.ttl = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),
+       .hang_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_hang_timeout_ms)),
+       .reference = reference});
   router::RegistryService registry_service(
       &workers, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
   router::DisaggregatedOrchestrator orchestrator(
       &workers, policy->get(), &metrics,
       {.max_attempts = absl::GetFlag(FLAGS_max_attempts),
-       .stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms)),
-       .model = &prompt_source->config});
+       .stall_timeout = stall_timeout,
+       .model = &prompt_source->config,
+       .admission = {.max_queued = absl::GetFlag(FLAGS_max_queued_requests),
+                     .max_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_queue_wait_ms)),
+                     .prefill_queue_batches = absl::GetFlag(FLAGS_prefill_queue_batches)},
+       .empty_pool_retry_after =
+           absl::Milliseconds(std::max(1000, 2 * absl::GetFlag(FLAGS_heartbeat_interval_ms)))});
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{
@@ -128,8 +174,10 @@ int Main() {
           .server_kind = "router"},
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService generation(&sessions);
-  auto grpc_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation}, *client_credentials);
+  // The service refuses messages over kMaxGrpcMessageBytes itself, so that
+  // the refusal is counted (frontend/grpc_service.h).
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation},
+                                     *client_credentials, /*max_receive_message_bytes=*/-1);
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
@@ -191,6 +239,7 @@ int Main() {
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
+  pdserve::ConfigureAllocatorForRequests();
   pdserve::BlockShutdownSignals();
   pdserve::ParseFlags(argc, argv,
                       "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the worker "

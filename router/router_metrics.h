@@ -9,6 +9,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
 namespace pdserve::router {
@@ -34,6 +35,13 @@ struct RouterMetrics {
   // another worker pair after their first token, label reason
   // (kMigrationReasons).
   prometheus::Family<prometheus::Counter>& migrations;
+  // Admission: requests waiting at the router for capacity, and how long
+  // each waited before its turn came.
+  prometheus::Gauge& admission_queue_length;
+  prometheus::Histogram& admission_wait_seconds;
+  // What waits in each pool as the workers report it, label pool: prompts
+  // queued on prefill workers, sequences held on decode workers.
+  prometheus::Family<prometheus::Gauge>& pool_queued_requests;
 
   void CountWorkerFailure(const std::string& pool) {
     worker_failures.Add({{"pool", pool}}).Increment();

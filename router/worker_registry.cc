@@ -34,6 +34,61 @@ int CachedPrefixTokens(const WorkerView& worker, const PrefillQuery& query) {
   return 0;
 }
 
+bool KvCompatible(const WorkerDesc& prefill, const WorkerDesc& decode) {
+  return prefill.model_fingerprint == decode.model_fingerprint &&
+         prefill.kv_dtype == decode.kv_dtype && prefill.kv_layout == decode.kv_layout;
+}
+
+std::string_view WorkerHealthName(WorkerHealth health) {
+  switch (health) {
+    case WorkerHealth::kLive:
+      return "live";
+    case WorkerHealth::kGone:
+      return "gone";
+    case WorkerHealth::kDisconnected:
+      return "disconnected";
+    case WorkerHealth::kUnhealthy:
+      return "unhealthy";
+    case WorkerHealth::kHung:
+      return "hung";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// The first field where `desc` differs from the router's model, as a
+// refusal naming it (the values only where they are readable names).
+absl::Status CheckAgainstReference(const WorkerDesc& desc, const ModelReference& ref) {
+  auto refuse = [&](absl::string_view field, absl::string_view detail) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", desc.id, " refused: ", field,
+                                                      " differs from the router's model (", detail,
+                                                      ")"));
+  };
+  if (ref.config_fingerprint != 0 && desc.config_fingerprint != ref.config_fingerprint) {
+    return refuse("config", desc.config_fingerprint == 0
+                                ? "the worker reported none"
+                                : "config.json: another architecture, shape or vocabulary");
+  }
+  if (ref.checkpoint_fingerprint != 0 &&
+      desc.checkpoint_fingerprint != ref.checkpoint_fingerprint) {
+    return refuse("weights", desc.checkpoint_fingerprint == 0
+                                 ? "the worker reported none"
+                                 : "the same config with other weights");
+  }
+  if (!ref.weight_dtype.empty() && desc.weight_dtype != ref.weight_dtype) {
+    return refuse("weight_dtype",
+                  absl::StrCat("worker ", desc.weight_dtype, ", router ", ref.weight_dtype));
+  }
+  if (!ref.kv_dtype.empty() && desc.kv_dtype != ref.kv_dtype) {
+    return refuse("kv_dtype", absl::StrCat("worker ", desc.kv_dtype, " (", desc.backend,
+                                           "), router ", ref.kv_dtype));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& load,
                                       absl::Time now) {
   if (desc.id.empty()) return absl::InvalidArgumentError("worker_id is empty");
@@ -41,32 +96,47 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
   if (desc.role == Role::kDecode && desc.kv_endpoint.empty()) {
     return absl::InvalidArgumentError("a decode worker needs a kv_endpoint");
   }
+  if (absl::Status s = CheckAgainstReference(desc, options_.reference); !s.ok()) {
+    PDSERVE_LOG(WARNING) << s.message();
+    return s;
+  }
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
-  for (const auto& [id, e] : workers_) {
-    if (id != desc.id && e.desc.model_fingerprint != desc.model_fingerprint) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("model fingerprint %016x differs from worker %s's %016x: all workers "
-                          "must serve the same model",
-                          desc.model_fingerprint, id, e.desc.model_fingerprint));
-    }
-  }
   Entry& e = workers_[desc.id];
   const bool is_new = e.desc.id.empty();
-  if (is_new) e.incarnation = next_incarnation_++;
+  if (is_new) {
+    e.incarnation = next_incarnation_++;
+    e.last_progress = now;
+  }
   e.desc = desc;
-  e.load = load;
-  e.last_seen = now;
-  e.failing = false;
-  e.finished_requests_since_report = 0;
-  e.finished_tokens_since_report = 0;
-  UpdatePrefixesLocked(e, &load.cached_block_hashes, now);
+  e.disconnected = false;
+  TakeReportLocked(e, load, now);
   if (is_new) {
     PDSERVE_LOG(INFO) << "worker " << desc.id << " joined ("
                       << (desc.role == Role::kPrefill ? "prefill" : "decode") << ", "
-                      << desc.address << ")";
+                      << desc.address << ", " << desc.backend << ", KV " << desc.kv_dtype << ")";
   }
   return absl::OkStatus();
+}
+
+void WorkerRegistry::TakeReportLocked(Entry& e, const LoadReport& load, absl::Time now) {
+  if (!load.has_work || load.progress != e.load.progress || !e.load.has_work) {
+    e.last_progress = now;
+  }
+  if (load.unhealthy_reason != e.load.unhealthy_reason) {
+    if (load.unhealthy_reason.empty()) {
+      PDSERVE_LOG(INFO) << "worker " << e.desc.id << " reports it is healthy again";
+    } else {
+      PDSERVE_LOG(WARNING) << "worker " << e.desc.id
+                           << " reports it cannot serve: " << load.unhealthy_reason;
+    }
+  }
+  e.load = load;
+  e.last_seen = now;
+  e.finished_requests_since_report = 0;
+  e.finished_tokens_since_report = 0;
+  e.started_tokens_since_report = 0;
+  UpdatePrefixesLocked(e, &load.cached_block_hashes, now);
 }
 
 bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, absl::Time now) {
@@ -74,13 +144,9 @@ bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, ab
   ExpireLocked(now);
   auto it = workers_.find(id);
   if (it == workers_.end()) return false;
-  it->second.load = load;
-  it->second.last_seen = now;
-  if (it->second.failing) PDSERVE_LOG(INFO) << "worker " << id << " is heard from again";
-  it->second.failing = false;
-  it->second.finished_requests_since_report = 0;
-  it->second.finished_tokens_since_report = 0;
-  UpdatePrefixesLocked(it->second, &load.cached_block_hashes, now);
+  if (it->second.disconnected) PDSERVE_LOG(INFO) << "worker " << id << " is heard from again";
+  it->second.disconnected = false;
+  TakeReportLocked(it->second, load, now);
   return true;
 }
 
@@ -89,12 +155,51 @@ void WorkerRegistry::Deregister(const std::string& id) {
   if (workers_.erase(id) > 0) PDSERVE_LOG(INFO) << "worker " << id << " left";
 }
 
-void WorkerRegistry::ReportFailure(const std::string& id) {
+void WorkerRegistry::ReportDisconnected(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
-  if (it == workers_.end() || it->second.failing) return;
-  it->second.failing = true;
-  PDSERVE_LOG(WARNING) << "worker " << id << " failed a call; not offered until heard from again";
+  if (it == workers_.end() || it->second.disconnected) return;
+  it->second.disconnected = true;
+  PDSERVE_LOG(WARNING) << "worker " << id
+                       << ": connection lost; not offered until heard from again";
+}
+
+Judgement WorkerRegistry::HealthLocked(const Entry& e, absl::Time now) const {
+  if (e.disconnected) {
+    return {WorkerHealth::kDisconnected, absl::StrCat("worker ", e.desc.id, ": connection lost")};
+  }
+  if (!e.load.unhealthy_reason.empty()) {
+    return {
+        WorkerHealth::kUnhealthy,
+        absl::StrCat("worker ", e.desc.id, " reports it cannot serve: ", e.load.unhealthy_reason)};
+  }
+  if (options_.hang_timeout > absl::ZeroDuration() && e.load.has_work &&
+      now - e.last_progress > options_.hang_timeout) {
+    return {WorkerHealth::kHung,
+            absl::StrCat("worker ", e.desc.id, " is hung: it has work and completed no step for ",
+                         absl::FormatDuration(now - e.last_progress))};
+  }
+  return {WorkerHealth::kLive, ""};
+}
+
+Judgement WorkerRegistry::Judge(const std::string& id, uint64_t incarnation, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(now);
+  auto it = workers_.find(id);
+  if (it == workers_.end() || (incarnation != 0 && it->second.incarnation != incarnation)) {
+    return {WorkerHealth::kGone,
+            absl::StrCat("worker ", id, " left the pool (heartbeats stopped, or it restarted)")};
+  }
+  return HealthLocked(it->second, now);
+}
+
+std::unordered_map<std::string, WorkerRegistry::WorkerState> WorkerRegistry::JudgeAll(
+    absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(now);
+  std::unordered_map<std::string, WorkerState> out;
+  for (const auto& [id, e] : workers_) out[id] = {e.incarnation, HealthLocked(e, now)};
+  return out;
 }
 
 std::vector<WorkerView> WorkerRegistry::Live(Role role, absl::Time now) {
@@ -102,15 +207,27 @@ std::vector<WorkerView> WorkerRegistry::Live(Role role, absl::Time now) {
   ExpireLocked(now);
   std::vector<WorkerView> out;
   for (const auto& [id, e] : workers_) {
-    if (e.desc.role != role || e.load.draining || e.failing) continue;
+    if (e.desc.role != role || e.load.draining) continue;
+    if (HealthLocked(e, now).health != WorkerHealth::kLive) continue;
     // A report taken before work this router saw finish still counts it.
     LoadReport load = e.load;
     load.queued_prompt_tokens =
         std::max<int64_t>(0, load.queued_prompt_tokens - e.finished_tokens_since_report);
     load.queued_requests = std::max(0, load.queued_requests - e.finished_requests_since_report);
     load.running_sequences = std::max(0, load.running_sequences - e.finished_requests_since_report);
-    out.push_back(WorkerView{e.desc, std::move(load), e.outstanding_requests, e.outstanding_tokens,
-                             e.prefixes});
+    if (role == Role::kDecode && e.desc.kv_block_size > 0) {
+      // Reservations this router saw end since the report freed their KV.
+      load.free_kv_blocks = static_cast<int>(std::min<int64_t>(
+          load.total_kv_blocks,
+          load.free_kv_blocks + e.finished_tokens_since_report / e.desc.kv_block_size));
+    }
+    out.push_back(WorkerView{.desc = e.desc,
+                             .load = std::move(load),
+                             .incarnation = e.incarnation,
+                             .outstanding_requests = e.outstanding_requests,
+                             .outstanding_tokens = e.outstanding_tokens,
+                             .tokens_since_report = e.started_tokens_since_report,
+                             .cached_prefixes = e.prefixes});
   }
   return out;
 }
@@ -130,6 +247,7 @@ OutstandingWork WorkerRegistry::StartWork(const std::string& id, int64_t prompt_
   if (it == workers_.end()) return work;
   it->second.outstanding_requests += 1;
   it->second.outstanding_tokens += prompt_tokens;
+  it->second.started_tokens_since_report += prompt_tokens;
   work.registry_ = this;
   work.id_ = id;
   work.incarnation_ = it->second.incarnation;
@@ -164,7 +282,7 @@ void WorkerRegistry::UpdatePrefixesLocked(Entry& e, const std::vector<uint64_t>*
     e.reported = std::move(reported);
   }
   changed |= std::erase_if(e.routed, [&](const auto& r) {
-               return e.reported.contains(r.first) || now - r.second > ttl_;
+               return e.reported.contains(r.first) || now - r.second > options_.ttl;
              }) > 0;
   if (!changed && digest != nullptr) return;
   auto all = std::make_shared<PrefixHashSet>(e.reported);
@@ -199,15 +317,19 @@ void OutstandingWork::Release() {
 }
 
 void WorkerRegistry::ExpireLocked(absl::Time now) {
-  if (last_activity_ != absl::InfinitePast() && now - last_activity_ > ttl_ && !workers_.empty()) {
+  if (last_activity_ != absl::InfinitePast() && now - last_activity_ > options_.ttl &&
+      !workers_.empty()) {
     PDSERVE_LOG(WARNING) << "the router was not running for "
                          << absl::FormatDuration(now - last_activity_) << "; every worker gets "
-                         << absl::FormatDuration(ttl_) << " to be heard before it expires";
-    for (auto& [id, e] : workers_) e.last_seen = std::max(e.last_seen, now);
+                         << absl::FormatDuration(options_.ttl) << " to be heard before it expires";
+    for (auto& [id, e] : workers_) {
+      e.last_seen = std::max(e.last_seen, now);
+      e.last_progress = std::max(e.last_progress, now);
+    }
   }
   last_activity_ = std::max(last_activity_, now);
   for (auto it = workers_.begin(); it != workers_.end();) {
-    if (now - it->second.last_seen > ttl_) {
+    if (now - it->second.last_seen > options_.ttl) {
       PDSERVE_LOG(WARNING) << "worker " << it->first << " missed its heartbeats for "
                            << absl::FormatDuration(now - it->second.last_seen) << "; dropped";
       it = workers_.erase(it);

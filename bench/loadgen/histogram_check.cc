@@ -15,62 +15,7 @@
 namespace pdserve::loadgen {
 
 Buckets ParseHistogram(const std::string& exposition, const std::string& name) {
-  Buckets out;
-  const std::string prefix = name + "_bucket{";
-  std::istringstream in(exposition);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(prefix, 0) != 0) continue;
-    const size_t le = line.find("le=\"", prefix.size() - 1);
-    const size_t close = line.rfind('}');
-    if (le == std::string::npos || close == std::string::npos || close < le) continue;
-    const size_t le_end = line.find('"', le + 4);
-    const std::string bound = line.substr(le + 4, le_end - le - 4);
-    double upper, count;
-    if (bound == "+Inf") {
-      upper = std::numeric_limits<double>::infinity();
-    } else if (!absl::SimpleAtod(bound, &upper)) {
-      continue;
-    }
-    std::vector<std::string> rest = absl::StrSplit(line.substr(close + 1), ' ', absl::SkipEmpty());
-    if (rest.empty() || !absl::SimpleAtod(rest[0], &count)) continue;
-    out[upper] += count;
-  }
-  return out;
-}
-
-Buckets Subtract(const Buckets& after, const Buckets& before) {
-  Buckets out;
-  for (const auto& [le, count] : after) {
-    auto it = before.find(le);
-    out[le] = count - (it == before.end() ? 0 : it->second);
-  }
-  return out;
-}
-
-double HistogramQuantile(double q, const Buckets& buckets) {
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (q < 0) return -std::numeric_limits<double>::infinity();
-  if (q > 1) return std::numeric_limits<double>::infinity();
-  if (buckets.size() < 2 || !std::isinf(buckets.rbegin()->first)) return nan;
-  std::vector<std::pair<double, double>> b(buckets.begin(), buckets.end());
-  // Counts are cumulative; a decrease (a scrape of a restarted process) is
-  // flattened as Prometheus's ensureMonotonic does.
-  for (size_t i = 1; i < b.size(); ++i) b[i].second = std::max(b[i].second, b[i - 1].second);
-  const double observations = b.back().second;
-  if (observations == 0) return nan;
-  double rank = q * observations;
-  size_t i = 0;
-  while (i < b.size() - 1 && b[i].second < rank) ++i;
-  if (i == b.size() - 1) return b[b.size() - 2].first;
-  if (i == 0 && b[0].first <= 0) return b[0].first;
-  double start = 0;
-  double count = b[i].second;
-  if (i > 0) {
-    start = b[i - 1].first;
-    count -= b[i - 1].second;
-    rank -= b[i - 1].second;
-  }
-  return start + (b[i].first - start) * (rank / count);
+  return HistogramOf(ParseExposition(exposition), name);
 }
 
 absl::StatusOr<std::string> Scrape(const std::string& host_port) {

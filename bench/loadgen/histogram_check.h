@@ -12,19 +12,20 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/prometheus_text.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::loadgen {
 
 // Cumulative bucket counts of histogram `name` in a text exposition, summed
 // over its label sets: upper bound (le, +Inf included) -> count.
-using Buckets = std::map<double, double>;
+using Buckets = HistogramBuckets;
 Buckets ParseHistogram(const std::string& exposition, const std::string& name);
 // after - before, bucket by bucket (a bucket missing before counts 0).
-Buckets Subtract(const Buckets& after, const Buckets& before);
-// Prometheus's histogram_quantile (promql bucketQuantile) over cumulative
-// buckets: NaN without a +Inf bucket or observations.
-double HistogramQuantile(double q, const Buckets& buckets);
+inline Buckets Subtract(const Buckets& after, const Buckets& before) {
+  return SubtractBuckets(after, before);
+}
+using ::pdserve::HistogramQuantile;
 
 // GET http://host:port/metrics.
 absl::StatusOr<std::string> Scrape(const std::string& host_port);

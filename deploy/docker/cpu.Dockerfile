@@ -21,16 +21,17 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# The servers, the client, the load generator and the model writer; no tests.
+# The servers, the client, the planner, the load generator and the model
+# writer; no tests.
 RUN cmake --preset default -DPDSERVE_BUILD_TESTS=OFF \
  && cmake --build --preset default -j "$(nproc)" --target \
       pdserve_router_main pdserve_prefill_worker pdserve_decode_worker pdserve_colocated \
-      pdserve_client pdserve_loadgen pdserve_make_model \
+      pdserve_client pdserve_loadgen pdserve_make_model pdserve_planner \
  && install -d /opt/pdserve/bin \
  && install -m 0755 build/router/pdserve_router build/router/pdserve_client \
       build/prefill_worker/pdserve_prefill_worker build/decode_worker/pdserve_decode_worker \
       build/decode_worker/pdserve_colocated build/bench/loadgen/pdserve_loadgen \
-      build/tools/pdserve_make_model /opt/pdserve/bin/
+      build/tools/pdserve_make_model build/planner/pdserve_planner /opt/pdserve/bin/
 
 FROM debian:12-slim AS runtime
 # Shared libraries of the binaries above (ldd), by Debian package; libgrpc29

@@ -42,17 +42,18 @@ RUN cuda=$(echo "$CUDA_VERSION" | tr . -) \
  && /usr/local/cuda/bin/nvcc --version
 WORKDIR /src
 COPY . .
-# The servers, the client, the load generator and the model writer; no tests.
+# The servers, the client, the planner, the load generator and the model
+# writer; no tests.
 # The "cuda" preset expects nvcc at /usr/local/cuda/bin/nvcc.
 RUN cmake --preset cuda -DPDSERVE_BUILD_TESTS=OFF \
  && cmake --build --preset cuda -j "$(nproc)" --target \
       pdserve_router_main pdserve_prefill_worker pdserve_decode_worker pdserve_colocated \
-      pdserve_client pdserve_loadgen pdserve_make_model \
+      pdserve_client pdserve_loadgen pdserve_make_model pdserve_planner \
  && install -d /opt/pdserve/bin \
  && install -m 0755 build-cuda/router/pdserve_router build-cuda/router/pdserve_client \
       build-cuda/prefill_worker/pdserve_prefill_worker build-cuda/decode_worker/pdserve_decode_worker \
       build-cuda/decode_worker/pdserve_colocated build-cuda/bench/loadgen/pdserve_loadgen \
-      build-cuda/tools/pdserve_make_model /opt/pdserve/bin/
+      build-cuda/tools/pdserve_make_model build-cuda/planner/pdserve_planner /opt/pdserve/bin/
 
 FROM cuda-apt AS runtime
 ARG CUDA_VERSION

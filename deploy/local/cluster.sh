@@ -49,6 +49,15 @@ wait_pools() {  # work prefill decode
   echo "the router does not list $2 prefill and $3 decode workers yet" >&2
 }
 
+# WORK/pids and the Prometheus target files are rewritten by add-* and
+# drain, which may run at the same time (the planner drains one worker in
+# the background while it adds another): one writer at a time. (Two adds
+# at once could still pick the same worker name: run them one by one.)
+locked() {  # work command...
+  local work=$1; shift
+  ( flock 9; "$@" ) 9> "$work/.lock"
+}
+
 count_alive() {  # work role
   local n=0 f pid
   for f in "$1/$2"*.ready; do
@@ -110,7 +119,7 @@ start_worker() {  # work role(prefill|decode)
     --cluster_token_file="$TOKEN_FILE" $extra \
     --ready_file="$work/$role$i.ready" > "$work/$role$i.log" 2>&1 &
   pid=$!
-  echo $pid >> "$work/pids"
+  locked "$work" sh -c 'echo "$1" >> "$2"' _ "$pid" "$work/pids"
   wait_ready "$work/$role$i.ready" $pid "$role$i" || return 1
   echo "$role$i pid=$pid address=$(json_field "$work/$role$i.ready" grpc_address) metrics_port=$(json_field "$work/$role$i.ready" metrics_port)"
 }
@@ -130,7 +139,7 @@ case "$cmd" in
     require_work "$work"
     role=${cmd#add-}
     start_worker "$work" "$role"
-    write_targets "$work"
+    locked "$work" write_targets "$work"
     wait_pools "$work" "$(count_alive "$work" prefill)" "$(count_alive "$work" decode)"
     exit 0 ;;
   drain)
@@ -148,8 +157,8 @@ case "$cmd" in
     done
     if kill -0 "$pid" 2>/dev/null; then echo "pid $pid still running after 40 s" >&2; exit 1; fi
     echo "pid $pid drained and exited after $(( ($(date +%s%N) - start) / 1000000 )) ms"
-    sed -i "/^$pid\$/d" "$work/pids"
-    write_targets "$work"
+    locked "$work" sed -i "/^$pid\$/d" "$work/pids"
+    locked "$work" write_targets "$work"
     exit 0 ;;
   prometheus)
     work=${1:?usage: cluster.sh prometheus WORK [--port P]}

@@ -1,6 +1,7 @@
 // WeightSource: see weight_source.h.
 #include "engine/model/weight_source.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -101,7 +102,25 @@ absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::FromCheckpoint(
     sample.push_back({&t.name, &t.shape, t.num_elements, [&t](int64_t j) { return t.At(j); }});
   }
   source->fingerprint_ = ComputeFingerprint(config, sample);
+  // The same hash over each tensor's edges only: its first and last 64
+  // values as a 128-value tensor of the real name and shape.
+  constexpr int64_t kEdge = 64;
+  std::vector<FingerprintTensor> edges;
+  for (const TensorView& t : source->tensors_) {
+    const int64_t n = t.num_elements;
+    const int64_t m = std::min<int64_t>(n, 2 * kEdge);
+    edges.push_back(
+        {&t.name, &t.shape, m, [&t, n, m](int64_t j) { return t.At(j < m / 2 ? j : n - m + j); }});
+  }
+  source->checkpoint_fingerprint_ = ComputeFingerprint(config, edges);
   return source;
+}
+
+absl::StatusOr<uint64_t> CheckpointFingerprint(const ModelConfig& config,
+                                               const std::string& model_dir) {
+  absl::StatusOr<std::unique_ptr<WeightSource>> source = WeightSource::Open(config, model_dir);
+  if (!source.ok()) return source.status();
+  return (*source)->checkpoint_fingerprint();
 }
 
 const TensorView* WeightSource::Find(std::string_view name) const {

@@ -60,6 +60,10 @@ class WeightSource {
   // ComputeFingerprint's value for these weights (engine/model/weights.h):
   // the same whichever way the weights are loaded.
   uint64_t fingerprint() const { return fingerprint_; }
+  // The checkpoint as stored, cheap to compute from the files alone: the
+  // config and each tensor's name, shape and first and last 64 values
+  // (a few pages per tensor). The router compares it with its workers'.
+  uint64_t checkpoint_fingerprint() const { return checkpoint_fingerprint_; }
 
  private:
   explicit WeightSource(const ModelConfig& config) : config_(config) {}
@@ -69,6 +73,11 @@ class WeightSource {
   std::vector<TensorView> tensors_;                    // ModelWeightSpecs order
   std::unordered_map<std::string, size_t> index_;
   uint64_t fingerprint_ = 0;
+  uint64_t checkpoint_fingerprint_ = 0;
 };
+
+// WeightSource::Open(config, model_dir)->checkpoint_fingerprint().
+absl::StatusOr<uint64_t> CheckpointFingerprint(const ModelConfig& config,
+                                               const std::string& model_dir);
 
 }  // namespace pdserve::engine

@@ -148,6 +148,12 @@ void HashTensor(const std::string& name, const std::vector<int64_t>& shape, int6
 
 }  // namespace
 
+uint64_t ConfigFingerprint(const ModelConfig& c) {
+  Fnv1a h;
+  HashConfig(c, h);
+  return h.value();
+}
+
 uint64_t ComputeFingerprint(const ModelConfig& c, const ModelWeights& weights) {
   Fnv1a h;
   HashConfig(c, h);

@@ -90,6 +90,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const ModelConfig& config,
 // floats and every 257th one). Two different random models differ with
 // overwhelming probability; the same weights always give the same value.
 uint64_t ComputeFingerprint(const ModelConfig& config, const ModelWeights& weights);
+// The config's shape- and math-defining fields alone (architecture,
+// dimensions, vocabulary, norms, RoPE): what a process that reads only
+// config.json can compare.
+uint64_t ConfigFingerprint(const ModelConfig& config);
 
 // The same hash over tensors given in ModelWeightSpecs(config) order as
 // (name, shape, element count, element accessor): how WeightSource

@@ -28,7 +28,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # Build{Gauge,Counter,Histogram}().Name("name"), across line breaks.
 registered=$(
   for f in "$src"/common/*_metrics.cc "$src"/frontend/*_metrics.cc "$src"/router/*_metrics.cc \
-           "$src"/prefill_worker/*_metrics.cc "$src"/decode_worker/*_metrics.cc; do
+           "$src"/prefill_worker/*_metrics.cc "$src"/decode_worker/*_metrics.cc "$src"/planner/*_metrics.cc; do
     [ -f "$f" ] || continue
     tr '\n' ' ' < "$f" | sed 's/  */ /g' |
       { grep -oE 'Make(Gauge|Counter|Histogram)\( ?r, ?"pdserve_[a-z0-9_]+"|Build(Gauge|Counter|Histogram)\(\) ?\.Name\("pdserve_[a-z0-9_]+"\)' || true; } |
@@ -53,7 +53,7 @@ metric_sources=(
   deploy/prometheus/pdserve.rules.yml
   deploy/prometheus/pdserve.rules.test.yml
   deploy/k8s/base/prometheusrule.yaml
-  deploy/k8s/base/scaledobject.yaml
+  deploy/k8s/keda/scaledobject.yaml
 )
 for f in "$src"/deploy/grafana/dashboards/*.json; do metric_sources+=("${f#"$src"/}"); done
 n_used=0
@@ -108,7 +108,7 @@ executables=$(
 grep -q ' pdserve_router_main pdserve_router main.cc$' <<<"$executables" ||
   fail "CMake parser did not find the router executable (pdserve_router_main, OUTPUT_NAME pdserve_router)"
 
-deployed_binaries=$(grep -hoE '/usr/local/bin/pdserve_[a-z0-9_]+' "$src"/deploy/k8s/base/*.yaml |
+deployed_binaries=$(grep -hoE '/usr/local/bin/pdserve_[a-z0-9_]+' "$src"/deploy/k8s/base/*.yaml "$src"/deploy/k8s/planner/*.yaml |
                     sed 's|/usr/local/bin/||' | sort -u || true)
 [ -n "$deployed_binaries" ] || fail "no Deployment command names a /usr/local/bin/pdserve_* binary"
 dockerfiles=("$src"/deploy/docker/*.Dockerfile)
@@ -166,7 +166,7 @@ flags_of() {  # binary
 # Flags given to a Deployment: its base file's args plus the JSON patches the
 # overlays apply to it (kustomization: target name, then path).
 n_flags=0
-for base in "$src"/deploy/k8s/base/*.yaml; do
+for base in "$src"/deploy/k8s/base/*.yaml "$src"/deploy/k8s/planner/*.yaml; do
   binary=$(grep -oE '/usr/local/bin/pdserve_[a-z0-9_]+' "$base" | head -1 | sed 's|/usr/local/bin/||' || true)
   [ -n "$binary" ] || continue
   deployment=$(awk '/^kind: Deployment$/ { d = 1 } d && /^  name: / { print $2; exit }' "$base")

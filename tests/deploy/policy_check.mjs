@@ -1,7 +1,8 @@
 // Security policy of pdserve's Kubernetes manifests, on the rendered
 // overlays (offline). Fails when any pod lacks a setting:
 //   - pod: runAsNonRoot, a non-zero runAsUser, seccomp RuntimeDefault, no
-//     service account token, no host network/PID/IPC;
+//     service account token (but the SLO planner's, which must be its own
+//     ServiceAccount and not the namespace's default), no host network/PID/IPC;
 //   - every container (init containers too): no privilege escalation, not
 //     privileged, read-only root filesystem, every capability dropped and
 //     none added;
@@ -49,7 +50,7 @@ for (const p of byKind("Pod")) pods.push({ where: `Pod/${p.metadata.name}`, labe
 if (pods.length === 0) fail("manifests", "no pod templates found");
 
 // 1. Pod and container security settings.
-for (const { where, spec } of pods) {
+for (const { where, labels, spec } of pods) {
   const psc = spec.securityContext ?? {};
   const containers = [...(spec.initContainers ?? []), ...(spec.containers ?? [])];
   const each = (get) => containers.every((c) => get(c.securityContext ?? {}));
@@ -58,7 +59,11 @@ for (const { where, spec } of pods) {
   if (psc.seccompProfile?.type !== "RuntimeDefault" && !each((sc) => sc.seccompProfile?.type === "RuntimeDefault")) {
     fail(where, "no seccompProfile RuntimeDefault");
   }
-  if (spec.automountServiceAccountToken !== false) fail(where, "mounts a service account token");
+  const planner = labels["app.kubernetes.io/component"] === "planner";
+  if (spec.automountServiceAccountToken !== false && !planner) fail(where, "mounts a service account token");
+  if (planner && (!spec.serviceAccountName || spec.serviceAccountName === "default")) {
+    fail(where, "the planner runs as the namespace's default ServiceAccount");
+  }
   for (const host of ["hostNetwork", "hostPID", "hostIPC"]) if (spec[host]) fail(where, `${host} is set`);
   for (const c of containers) {
     const cw = `${where} container ${c.name}`;
@@ -154,10 +159,10 @@ const partial = args.includes("--partial");
 for (const { where, labels, spec } of pods) {
   for (const c of spec.containers) {
     const env = c.env ?? [];
-    if (labels["app.kubernetes.io/component"] === "router") {
-      if (!/^pdserve-cpu(:|$)/.test(c.image)) fail(where, `the router runs ${c.image}, not the CPU image`);
-      if (env.some((e) => e.name.startsWith("NVIDIA_"))) fail(where, "the router is given NVIDIA_* settings");
-      if (c.resources?.limits?.["nvidia.com/gpu"]) fail(where, "the router requests a GPU");
+    if (["router", "planner"].includes(labels["app.kubernetes.io/component"])) {
+      if (!/^pdserve-cpu(:|$)/.test(c.image)) fail(where, `runs ${c.image}, not the CPU image`);
+      if (env.some((e) => e.name.startsWith("NVIDIA_"))) fail(where, "is given NVIDIA_* settings");
+      if (c.resources?.limits?.["nvidia.com/gpu"]) fail(where, "requests a GPU");
     }
     if (env.some((e) => e.name === "NVIDIA_VISIBLE_DEVICES")) {
       fail(where, "sets NVIDIA_VISIBLE_DEVICES (the device plugin sets it to the pod's GPUs)");

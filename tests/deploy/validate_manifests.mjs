@@ -19,6 +19,10 @@
 //   - KEDA fails safe: every Prometheus trigger treats an empty answer as an
 //     error (ignoreNullValues "false", KEDA's default being "true") and every
 //     ScaledObject has a fallback; prefill scales on queued tokens;
+//   - at most one autoscaler per pool: KEDA or the SLO planner, never both;
+//     the planner is one Recreate replica, probed on its metrics port, with
+//     its own ServiceAccount bound to a Role that allows only get and patch
+//     of deployments/scale on the two pools (no ClusterRole anywhere);
 //   - the security policy is tests/deploy/policy_check.mjs's;
 //   - the PrometheusRule's spec equals deploy/prometheus/pdserve.rules.yml.
 //
@@ -39,6 +43,7 @@ const kModules = {
   "autoscaling/v2": "kubernetes-models/autoscaling/v2",
   "monitoring.coreos.com/v1": "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1",
   "keda.sh/v1alpha1": "@kubernetes-models/keda/keda.sh/v1alpha1",
+  "rbac.authorization.k8s.io/v1": "kubernetes-models/rbac.authorization.k8s.io/v1",
 };
 const kDrainMarginSeconds = 5;  // beyond preStop + drain + the 2 s server close
 const kServerCloseSeconds = 2;  // Shutdown() deadline in every main.cc
@@ -141,8 +146,10 @@ const cpuCores = (q) => (q == null ? undefined : String(q).endsWith("m") ? parse
 
 const deployments = byKind("Deployment");
 const services = byKind("Service");
+const isPlanner = (d) => d.spec.template.metadata?.labels?.["app.kubernetes.io/component"] === "planner";
 for (const d of deployments) {
   const where = `Deployment/${d.metadata.name}`;
+  if (isPlanner(d)) continue;  // checked below: not a serving process
   const pod = d.spec.template.spec;
   if (!matches(d.spec.selector.matchLabels, d.spec.template.metadata?.labels)) {
     fail(where, "selector does not match the pod template's labels");
@@ -186,7 +193,7 @@ for (const d of deployments) {
     if (backend === "cuda" && !c.resources?.limits?.["nvidia.com/gpu"]) fail(cw, "--backend=cuda without an nvidia.com/gpu limit");
     if (c.resources?.limits?.["nvidia.com/gpu"] && backend !== "cuda") fail(cw, "a GPU but not --backend=cuda");
   }
-  if (!partial && d.metadata.name !== "pdserve-router") {
+  if (!partial && d.metadata.name !== "pdserve-router" && !isPlanner(d)) {
     const c = pod.containers[0];
     if (!flagValue(c.args, "backend")) fail(where, "the overlay sets no --backend");
     if (!c.resources?.requests) fail(where, "the overlay sets no resource requests");
@@ -225,7 +232,52 @@ for (const pool of ["pdserve-prefill", "pdserve-decode"]) {
   if (!byKind("PodDisruptionBudget").some((p) => matches(p.spec.selector.matchLabels, d.spec.template.metadata.labels))) {
     fail(pool, "no PodDisruptionBudget");
   }
-  if (!byKind("ScaledObject").some((so) => so.spec.scaleTargetRef.name === pool)) fail(pool, "no ScaledObject");
+  const keda = byKind("ScaledObject").filter((so) => so.spec.scaleTargetRef.name === pool);
+  const planners = deployments.filter(isPlanner);
+  if (keda.length + planners.length > 1) fail(pool, `scaled by ${keda.length} ScaledObject(s) and ${planners.length} planner(s): one autoscaler at most`);
+}
+
+// The SLO planner: one replica, its own identity, the least RBAC.
+const roles = byKind("Role");
+const bindings = byKind("RoleBinding");
+for (const kind of ["ClusterRole", "ClusterRoleBinding"]) {
+  for (const o of byKind(kind)) fail(`${kind}/${o.metadata.name}`, "pdserve needs no cluster-wide permission");
+}
+for (const d of deployments.filter(isPlanner)) {
+  const where = `Deployment/${d.metadata.name}`;
+  const pod = d.spec.template.spec;
+  const c = pod.containers[0];
+  if (d.spec.replicas !== 1 || d.spec.strategy?.type !== "Recreate") fail(where, "not one Recreate replica (two planners would fight)");
+  const metricsPort = c.ports?.find((p) => p.name === "metrics")?.containerPort;
+  if (flagValue(c.args, "metrics_port") !== String(metricsPort)) fail(where, "--metrics_port is not the metrics port");
+  for (const probe of ["readinessProbe", "livenessProbe"]) {
+    if (c[probe]?.httpGet?.port !== metricsPort || c[probe]?.httpGet?.path !== "/healthz") fail(where, `${probe} is not GET /healthz on the metrics port`);
+  }
+  if (flagValue(c.args, "actuator") !== "kubernetes") fail(where, "--actuator is not kubernetes");
+  if (!c.resources?.limits?.cpu || !c.resources?.limits?.memory) fail(where, "no CPU and memory limits");
+  const sa = pod.serviceAccountName;
+  if (!sa || sa === "default") fail(where, "runs as the default ServiceAccount");
+  if (!byKind("ServiceAccount").some((a) => a.metadata.name === sa)) fail(where, `no ServiceAccount ${sa}`);
+  const bound = bindings.filter((b) => (b.subjects ?? []).some((s) => s.kind === "ServiceAccount" && s.name === sa));
+  if (bound.length === 0) fail(where, `ServiceAccount ${sa} is bound to no Role`);
+  const pools = [flagValue(c.args, "prefill_deployment") ?? "pdserve-prefill", flagValue(c.args, "decode_deployment") ?? "pdserve-decode"];
+  for (const p of pools) if (!deployments.some((x) => x.metadata.name === p)) fail(where, `scales ${p}, which does not exist`);
+  for (const b of bound) {
+    const role = b.roleRef.kind === "Role" && roles.find((r) => r.metadata.name === b.roleRef.name);
+    if (!role) {
+      fail(`RoleBinding/${b.metadata.name}`, `binds ${b.roleRef.kind} ${b.roleRef.name}, not a Role of the release`);
+      continue;
+    }
+    for (const rule of role.rules ?? []) {
+      const rw = `Role/${role.metadata.name}`;
+      if (JSON.stringify(rule.apiGroups) !== '["apps"]' || JSON.stringify(rule.resources) !== '["deployments/scale"]') {
+        fail(rw, `grants ${rule.resources} in ${rule.apiGroups}: only apps deployments/scale is needed`);
+      }
+      if ((rule.verbs ?? []).some((v) => !["get", "patch"].includes(v))) fail(rw, `grants verbs ${rule.verbs}: only get and patch are needed`);
+      const names = rule.resourceNames ?? [];
+      if (names.length === 0 || names.some((n) => !pools.includes(n))) fail(rw, `resourceNames ${names} are not exactly the pools ${pools}`);
+    }
+  }
 }
 
 for (const sm of byKind("ServiceMonitor")) {
@@ -280,7 +332,7 @@ for (const cm of byKind("ConfigMap")) {
   }
 }
 
-for (const d of byKind("Deployment")) {
+for (const d of byKind("Deployment").filter((x) => !isPlanner(x))) {
   const pod = d.spec.template.spec;
   const volume = (pod.volumes ?? []).find((v) => v.secret?.secretName === "pdserve-cluster-token");
   if (!byKind("Secret").some((s) => s.metadata.name === "pdserve-cluster-token")) {

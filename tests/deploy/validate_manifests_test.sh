@@ -32,7 +32,7 @@ cp "$here/$script" "$npm_dir/"
 rules="$src/deploy/prometheus/pdserve.rules.yml"
 
 if command -v kubectl >/dev/null; then
-  for overlay in cpu gpu; do
+  for overlay in cpu gpu cpu-planner gpu-planner cpu-keda gpu-keda; do
     kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$npm_dir/$script.$overlay.yaml" 2> "$npm_dir/$script.$overlay.err" ||
       { cat "$npm_dir/$script.$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
     echo "== overlay $overlay (rendered by kubectl kustomize)"
@@ -40,7 +40,11 @@ if command -v kubectl >/dev/null; then
   done
 else
   echo "== kubectl not found: validating the base files as written (overlay patches not applied)"
-  base="$src/deploy/k8s/base"
-  files=$(sed -n 's/^- \(.*\.yaml\)$/\1/p' "$base/kustomization.yaml")
-  (cd "$base" && node "$npm_dir/$script" --partial --rules "$rules" $files)
+  for dir in base planner keda; do
+    base="$src/deploy/k8s/$dir"
+    files=$(sed -n 's/^- \(.*\.yaml\)$/\1/p' "$base/kustomization.yaml")
+    [ "$dir" = base ] || files="$files $(sed -n 's/^- \(.*\.yaml\)$/..\/base\/\1/p' "$src/deploy/k8s/base/kustomization.yaml")"
+    echo "-- base + ${dir}"
+    (cd "$base" && node "$npm_dir/$script" --partial --rules "$rules" $files)
+  done
 fi

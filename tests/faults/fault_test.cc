@@ -22,110 +22,13 @@
 #include "gtest/gtest.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/streaming_call.h"
 #include "tools/model_writer.h"
 
 namespace pdserve::testing {
 namespace {
 
-// One streamed Generate read on its own thread, with each token's arrival.
-class Stream {
- public:
-  Stream(v1::Generation::Stub& stub, v1::GenerateRequest request, absl::Duration timeout)
-      : request_(std::move(request)) {
-    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    thread_ = std::thread([this, &stub] { Run(stub); });
-  }
-  ~Stream() {
-    context_.TryCancel();
-    thread_.join();
-  }
-
-  // Client cancellation (the client goes away).
-  void Cancel() { context_.TryCancel(); }
-  // True once `n` tokens arrived (false after `timeout`, or if it ended first).
-  bool WaitTokens(int n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return static_cast<int>(tokens_.size()) >= n || done_;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout) &&
-           static_cast<int>(tokens_.size()) >= n;
-  }
-  // True once the stream ended; false: lost (still open after `timeout`).
-  bool Wait(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
-  }
-  grpc::Status status() const {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-  std::vector<int32_t> tokens() const {
-    absl::MutexLock lock(&mu_);
-    return tokens_;
-  }
-  absl::Time ended() const {  // when the stream ended (once Wait returned true)
-    absl::MutexLock lock(&mu_);
-    return ended_;
-  }
-  v1::Timings timings() const {
-    absl::MutexLock lock(&mu_);
-    return timings_;
-  }
-  // The longest wait for a token after `t` (from `t` to the next token,
-  // or between two tokens after it).
-  absl::Duration LongestGapAfter(absl::Time t) const {
-    absl::MutexLock lock(&mu_);
-    absl::Duration longest = absl::ZeroDuration();
-    absl::Time previous = t;
-    for (absl::Time a : arrivals_) {
-      if (a < t) continue;
-      longest = std::max(longest, a - previous);
-      previous = a;
-    }
-    return longest;
-  }
-
- private:
-  void Run(v1::Generation::Stub& stub) {
-    auto reader = stub.Generate(&context_, request_);
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) {
-      absl::MutexLock lock(&mu_);
-      for (int32_t t : response.token_ids()) {
-        tokens_.push_back(t);
-        arrivals_.push_back(absl::Now());
-      }
-      if (response.has_timings()) timings_ = response.timings();
-    }
-    grpc::Status status = reader->Finish();
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-    ended_ = absl::Now();
-    done_ = true;
-  }
-
-  const v1::GenerateRequest request_;
-  grpc::ClientContext context_;
-  mutable absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> arrivals_ ABSL_GUARDED_BY(mu_);
-  v1::Timings timings_ ABSL_GUARDED_BY(mu_);
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Time ended_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last
-};
-
-// The value of one exact series ("name{labels}") in a text exposition; -1
-// when absent.
-double SeriesValue(const std::string& text, const std::string& series) {
-  const std::string key = series + " ";
-  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
-    if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + key.size()));
-  }
-  return -1;
-}
+using Stream = StreamingCall;
 
 // Every worker's KV cache, in blocks of 16 tokens.
 constexpr int kKvBlocks = 1024;
@@ -350,9 +253,10 @@ TEST_F(FaultTest, WhenNoAttemptIsLeftTheStreamsFailCleanly) {
 }
 
 // A prefill worker killed (-9) or stopped (SIGSTOP) while idle: the next
-// request it is picked for fails at once (connection refused) or gets no
-// answer for the stall timeout, and is retried on the other prefill worker;
-// the router then stops offering it. No request fails.
+// request it is picked for fails at once (connection refused), or is not
+// accepted within the stall timeout (or the worker's heartbeats stop for
+// its ttl, whichever comes first), and is retried on the other prefill
+// worker; the router then stops offering it. No request fails.
 void FaultTest::PrefillFault(bool stop) {
   LocalCluster cluster(Options(2, 1, {"--stall_timeout_ms=1000"}));
   ASSERT_TRUE(cluster.Start().ok());
@@ -400,7 +304,7 @@ void FaultTest::PrefillFault(bool stop) {
   if (stop) {
     EXPECT_TRUE(KvFreed(**victim));
     o.leaked_blocks += KvBlocksInUse(**victim);
-    EXPECT_GE(o.detect, absl::Milliseconds(900));  // the stall timeout
+    EXPECT_GE(o.detect, absl::Milliseconds(900));  // the stall timeout, or the ttl
   }
   Report(absl::StrCat(stop ? "SIGSTOP" : "kill -9", " prefill worker (", retries, " retries)"), o);
   EXPECT_EQ(o.completed, kRequests);
@@ -415,10 +319,11 @@ TEST_F(FaultTest, PrefillWorkerStoppedRequestsAreRetriedAfterTheStallTimeout) {
   PrefillFault(/*stop=*/true);
 }
 
-// SIGSTOP of a decode worker while it streams: its streams relay nothing
-// for the stall timeout, then migrate; the router drops the worker after
-// its ttl, so new requests go elsewhere; resumed, it frees what it held.
-TEST_F(FaultTest, DecodeWorkerStoppedStreamsMigrateAfterTheStallTimeout) {
+// SIGSTOP of a decode worker while it streams: its heartbeats stop, the
+// router drops it after its ttl and its streams migrate (a stream's own
+// silence is never the judge); new requests go elsewhere; resumed, it frees
+// what it held.
+TEST_F(FaultTest, DecodeWorkerStoppedStreamsMigrateWhenItsHeartbeatsStop) {
   LocalCluster cluster(Options(1, 2, {"--stall_timeout_ms=1000"}));
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = cluster.NewClient();
@@ -434,9 +339,9 @@ TEST_F(FaultTest, DecodeWorkerStoppedStreamsMigrateAfterTheStallTimeout) {
   Outcome o = Collect(streams, expected);
   for (auto& s : streams) o.detect = std::max(o.detect, s->LongestGapAfter(stop_time));
   o.migrated =
-      static_cast<int>(RouterSeries(cluster, "pdserve_migrations_total{reason=\"stalled\"}"));
+      static_cast<int>(RouterSeries(cluster, "pdserve_migrations_total{reason=\"worker_failed\"}"));
   EXPECT_GE(o.migrated, 1) << "no stream was on the stopped worker";
-  EXPECT_GE(o.detect, absl::Milliseconds(900));  // the stall timeout, not earlier
+  EXPECT_GE(o.detect, absl::Milliseconds(900));  // the ttl (1.5 s), not earlier
 
   // Dropped after its ttl: new requests all go to the live worker.
   ASSERT_TRUE(cluster.WaitForPools(1, 1, absl::Seconds(10)).ok());
@@ -454,7 +359,7 @@ TEST_F(FaultTest, DecodeWorkerStoppedStreamsMigrateAfterTheStallTimeout) {
   EXPECT_TRUE(KvFreed(*cluster.prefill()[0]));
   o.leaked_blocks = KvBlocksInUse(victim) + KvBlocksInUse(*cluster.decode()[1]) +
                     KvBlocksInUse(*cluster.prefill()[0]);
-  Report("SIGSTOP decode worker mid-stream (stall timeout 1 s)", o);
+  Report("SIGSTOP decode worker mid-stream (worker ttl 1.5 s)", o);
   EXPECT_EQ(o.completed, kStreams);
   EXPECT_EQ(o.lost, 0);
   EXPECT_EQ(o.leaked_blocks, 0);
@@ -569,6 +474,7 @@ TEST_F(FaultTest, CancelledLongPromptsLeaveThePrefillQueue) {
 TEST_F(FaultTest, HeartbeatsGoOnWhileAWorkerComputes) {
   ClusterOptions options = Options(1, 1, {"--worker_timeout_ms=500"});
   options.prefill_flags.push_back("--max_batch_tokens=6000");
+  options.prefill_flags.push_back("--max_prefill_chunk_tokens=0");  // whole prompts: long steps
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = cluster.NewClient();

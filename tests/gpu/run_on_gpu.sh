@@ -8,9 +8,11 @@
 #      with PDSERVE_REQUIRE_GPU=1, so a missing device fails them instead of
 #      skipping them;
 #   4. runs pdserve_cuda_bench on Llama-3.2-1B- and Llama-3.1-8B-shaped
-#      random bf16 models (written once into $PDSERVE_BENCH_DIR, default
-#      /tmp/pdserve_cuda_bench, about 19 GB of disk) and prints its tables,
-#      also saved to build-cuda/cuda_bench.md with the machine and date.
+#      random bf16 models (made in memory) and prints its tables, also
+#      saved to build-cuda/cuda_bench.md with the machine and date.
+# A machine without a package manager or network (only the CUDA toolkit,
+# CMake and Python) takes the prebuilt kit instead: tests/gpu/run_kit.sh
+# (tests/gpu/README.md).
 # The default benchmark needs about 55 GB of device memory (the 8B model's
 # weights plus 64 sequences x 4096 tokens of KV); on a smaller GPU pass e.g.
 # --batches=1,8,32. Arguments are passed to the benchmark.
@@ -40,6 +42,6 @@ out=build-cuda/cuda_bench.md
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
   echo '```'
   echo
-  build-cuda/bench/pdserve_cuda_bench --work_dir="${PDSERVE_BENCH_DIR:-/tmp/pdserve_cuda_bench}" "$@"
+  build-cuda/bench/pdserve_cuda_bench "$@"
 } | tee "$out"
 echo "saved to $out"

@@ -175,10 +175,12 @@ TEST_F(AuthTest, WorkersRefuseCallsWithoutTheToken) {
   internal::v1::PrefillJob job;
   job.add_prompt_token_ids(1);
   job.mutable_kv_target()->set_endpoint(cluster_->decode()[0]->ready["kv_endpoint"]);
-  internal::v1::PrefillResult result;
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer wrong-token");
-  EXPECT_EQ(prefill->Prefill(&ctx, job, &result).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  auto prefill_reader = prefill->Prefill(&ctx, job);
+  internal::v1::PrefillEvent prefill_event;
+  EXPECT_FALSE(prefill_reader->Read(&prefill_event));
+  EXPECT_EQ(prefill_reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
 
   auto decode =
       internal::v1::DecodeWorker::NewStub(MakeChannel(cluster_->decode()[0]->grpc_address));

@@ -14,11 +14,15 @@
 
 namespace pdserve::testing {
 
-// Paths of the built binaries, set by CMake.
+// Paths of the built binaries, set by CMake; the environment variables
+// PDSERVE_TEST_ROUTER_BIN, PDSERVE_TEST_PREFILL_BIN and
+// PDSERVE_TEST_DECODE_BIN replace them (to run the same scenarios against
+// another build, e.g. a previous release's, for before/after figures).
+std::string BinaryPath(const char* env, const char* built);
 struct Binaries {
-  std::string router = PDSERVE_ROUTER_BIN;
-  std::string prefill = PDSERVE_PREFILL_BIN;
-  std::string decode = PDSERVE_DECODE_BIN;
+  std::string router = BinaryPath("PDSERVE_TEST_ROUTER_BIN", PDSERVE_ROUTER_BIN);
+  std::string prefill = BinaryPath("PDSERVE_TEST_PREFILL_BIN", PDSERVE_PREFILL_BIN);
+  std::string decode = BinaryPath("PDSERVE_TEST_DECODE_BIN", PDSERVE_DECODE_BIN);
 };
 
 struct ClusterOptions {
@@ -36,8 +40,8 @@ struct Process {
   Subprocess proc;
   std::string grpc_address;
   int metrics_port = 0;
-  int http_port = -1;  // the router's OpenAI-compatible HTTP port
-  std::string internal_address;  // the router's worker-registration address
+  int http_port = -1;                        // the router's OpenAI-compatible HTTP port
+  std::string internal_address;              // the router's worker-registration address
   std::map<std::string, std::string> ready;  // every field of the ready file
 };
 
@@ -50,10 +54,18 @@ class LocalCluster {
   absl::Status Start();
   void Stop();
 
-  absl::Status AddPrefill(const std::vector<std::string>& extra_flags = {});
-  absl::Status AddDecode(const std::vector<std::string>& extra_flags = {});
+  // `binary`: another worker binary than the cluster's (e.g. a test-only
+  // variant); empty: the cluster's.
+  absl::Status AddPrefill(const std::vector<std::string>& extra_flags = {},
+                          const std::string& binary = "");
+  absl::Status AddDecode(const std::vector<std::string>& extra_flags = {},
+                         const std::string& binary = "");
   // Waits until the router's pool gauges show these counts.
   absl::Status WaitForPools(int prefill, int decode, absl::Duration timeout);
+  // Kills the router (-9) and starts it again on the same ports (client,
+  // internal, HTTP, metrics), as a restarted pod behind the same Service;
+  // returns once it is serving (its workers re-register by themselves).
+  absl::Status RestartRouter();
 
   const std::string& router_address() const { return router_.grpc_address; }
   // Where workers register (--router of the workers).
@@ -72,6 +84,7 @@ class LocalCluster {
   absl::Status StartProcess(Process& p, const std::string& name, std::vector<std::string> argv);
 
   ClusterOptions options_;
+  std::vector<std::string> router_argv_;
   Process router_;
   std::vector<std::unique_ptr<Process>> prefill_;
   std::vector<std::unique_ptr<Process>> decode_;

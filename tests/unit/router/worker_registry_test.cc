@@ -63,14 +63,15 @@ TEST(WorkerRegistryTest, ASilentWorkerExpiresWhileTheRouterRuns) {
   EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Milliseconds(3250)), 0);
 }
 
-// A worker whose call failed as if it were gone is not offered until it is
+// A worker whose connection a call found broken is not offered until it is
 // heard from again; a live one is back after its next heartbeat.
-TEST(WorkerRegistryTest, AReportedFailureHidesTheWorkerUntilItIsHeardFrom) {
+TEST(WorkerRegistryTest, ALostConnectionHidesTheWorkerUntilItIsHeardFrom) {
   WorkerRegistry registry(absl::Seconds(3));
   ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
   ASSERT_TRUE(registry.Register(Desc("d2", Role::kDecode), {}, kT0).ok());
-  registry.ReportFailure("d1");
-  registry.ReportFailure("unknown");  // no effect
+  registry.ReportDisconnected("d1");
+  registry.ReportDisconnected("unknown");  // no effect
+  EXPECT_EQ(registry.Judge("d1", 0, kT0).health, WorkerHealth::kDisconnected);
   auto live = registry.Live(Role::kDecode, kT0);
   ASSERT_EQ(live.size(), 1u);
   EXPECT_EQ(live[0].desc.id, "d2");
@@ -116,12 +117,93 @@ TEST(WorkerRegistryTest, RejectsBadRegistrations) {
   WorkerDesc no_kv = Desc("d", Role::kDecode);
   no_kv.kv_endpoint.clear();
   EXPECT_EQ(registry.Register(no_kv, {}, kT0).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill, 1), {}, kT0).ok());
-  absl::Status s = registry.Register(Desc("d1", Role::kDecode, 2), {}, kT0);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("fingerprint"), absl::string_view::npos);
-  // Re-registering the same worker with a new model is allowed (restart).
-  EXPECT_TRUE(registry.Register(Desc("p1", Role::kPrefill, 2), {}, kT0).ok());
+}
+
+// The router's own model is the reference: a worker of another model is
+// refused whatever registered before it (it cannot lock the right ones
+// out), and the refusal names the field that differs, not the values.
+TEST(WorkerRegistryTest, WorkersAreComparedWithTheRoutersModelNamingTheField) {
+  WorkerRegistry registry(RegistryOptions{
+      .ttl = absl::Seconds(3),
+      .reference = {.config_fingerprint = 7, .checkpoint_fingerprint = 8, .kv_dtype = "f32"}});
+  auto desc = [](const std::string& id, uint64_t config, uint64_t checkpoint,
+                 const std::string& kv) {
+    WorkerDesc d = Desc(id, Role::kDecode);
+    d.config_fingerprint = config;
+    d.checkpoint_fingerprint = checkpoint;
+    d.kv_dtype = kv;
+    d.kv_layout = "paged_nhd";
+    return d;
+  };
+  struct Case {
+    WorkerDesc worker;
+    std::string field;  // empty: accepted
+  };
+  const Case cases[] = {
+      {desc("other-config", 9, 8, "f32"), "config"},
+      {desc("other-weights", 7, 9, "f32"), "weights"},
+      {desc("cuda-kv", 7, 8, "bf16"), "kv_dtype"},
+      {desc("right", 7, 8, "f32"), ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.worker.id);
+    const absl::Status s = registry.Register(c.worker, {}, kT0);
+    if (c.field.empty()) {
+      EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find(c.field + " differs"), absl::string_view::npos) << s;
+    EXPECT_EQ(s.message().find("0x"), absl::string_view::npos) << s;  // no raw fingerprints
+  }
+  EXPECT_EQ(registry.CountLive(Role::kDecode, kT0), 1);
+  // Without a KV reference both element types register; pairs are formed
+  // only where the KV matches.
+  WorkerRegistry open(
+      RegistryOptions{.ttl = absl::Seconds(3), .reference = {.config_fingerprint = 7}});
+  EXPECT_TRUE(open.Register(desc("cpu", 7, 8, "f32"), {}, kT0).ok());
+  EXPECT_TRUE(open.Register(desc("cuda", 7, 8, "bf16"), {}, kT0).ok());
+  EXPECT_FALSE(KvCompatible(desc("cpu", 7, 8, "f32"), desc("cuda", 7, 8, "bf16")));
+  EXPECT_TRUE(KvCompatible(desc("a", 7, 8, "f32"), desc("b", 7, 8, "f32")));
+}
+
+// A worker with work whose step count stops moving is hung after the hang
+// timeout, however regularly it heartbeats; moving steps, or no work, keep
+// it live; a worker that says it cannot serve is out until it says it can.
+TEST(WorkerRegistryTest, LivenessIsJudgedFromTheWorkersProgress) {
+  WorkerRegistry registry(
+      RegistryOptions{.ttl = absl::Seconds(3), .hang_timeout = absl::Seconds(10)});
+  ASSERT_TRUE(registry.Register(Desc("busy", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("hung", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("idle", Role::kDecode), {}, kT0).ok());
+  for (int s = 1; s <= 24; ++s) {  // 12 s of heartbeats every 500 ms
+    const absl::Time t = kT0 + absl::Milliseconds(500 * s);
+    registry.Heartbeat("busy", {.progress = static_cast<uint64_t>(s), .has_work = true}, t);
+    registry.Heartbeat("hung", {.progress = 5, .has_work = true}, t);
+    registry.Heartbeat("idle", {.progress = 5, .has_work = false}, t);
+  }
+  const absl::Time now = kT0 + absl::Seconds(12);
+  EXPECT_EQ(registry.Judge("busy", 0, now).health, WorkerHealth::kLive);
+  EXPECT_EQ(registry.Judge("idle", 0, now).health, WorkerHealth::kLive);
+  const Judgement hung = registry.Judge("hung", 0, now);
+  EXPECT_EQ(hung.health, WorkerHealth::kHung);
+  EXPECT_NE(hung.why.find("completed no step"), std::string::npos) << hung.why;
+  EXPECT_EQ(registry.Live(Role::kDecode, now).size(), 2u);
+  // It steps again: live at once.
+  registry.Heartbeat("hung", {.progress = 6, .has_work = true}, now);
+  EXPECT_EQ(registry.Judge("hung", 0, now).health, WorkerHealth::kLive);
+  // Self-reported.
+  registry.Heartbeat("idle", {.unhealthy_reason = "its last 3 steps failed: CUDA error"}, now);
+  EXPECT_EQ(registry.Judge("idle", 0, now).health, WorkerHealth::kUnhealthy);
+  EXPECT_EQ(registry.Live(Role::kDecode, now).size(), 2u);
+  registry.Heartbeat("idle", {}, now);
+  EXPECT_EQ(registry.Judge("idle", 0, now).health, WorkerHealth::kLive);
+  // Gone: expired, unknown, or a new incarnation since the view was taken.
+  const uint64_t incarnation = registry.Live(Role::kDecode, now)[0].incarnation;
+  EXPECT_EQ(registry.Judge("nobody", 0, now).health, WorkerHealth::kGone);
+  registry.Deregister("busy");
+  ASSERT_TRUE(registry.Register(Desc("busy", Role::kDecode), {}, now).ok());
+  EXPECT_EQ(registry.Judge("busy", incarnation, now).health, WorkerHealth::kGone);
 }
 
 TEST(WorkerRegistryTest, OutstandingIsTracked) {
@@ -180,7 +262,7 @@ TEST(WorkerRegistryTest, WorkOfAnEarlierIncarnationDoesNotCountAgainstTheNewOne)
   std::vector<OutstandingWork> old_work;
   for (int i = 0; i < 5; ++i) old_work.push_back(registry.StartWork("p1", 100));
   const absl::Time later = kT0 + absl::Seconds(10);
-  Tick(registry, kT0, later);  // the router runs, p1 is silent
+  Tick(registry, kT0, later);                                 // the router runs, p1 is silent
   EXPECT_TRUE(registry.Live(Role::kPrefill, later).empty());  // expired
   ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, later).ok());
   OutstandingWork fresh = registry.StartWork("p1", 7);

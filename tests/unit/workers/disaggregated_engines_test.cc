@@ -189,6 +189,67 @@ TEST_F(DisaggregatedEnginesTest, GeneratesWhatOneProcessGenerates) {
   EXPECT_EQ(decode_metrics_.inter_token_latency.Collect().histogram.sample_count, 19u);
 }
 
+// The KV session opens only once the prompt starts (as the prefill service
+// does): attached while the prompt computes, or only after it was computed
+// (the first token then waits for it, and the blocks are held meanwhile),
+// the KV arrives and the stream equals one process's.
+TEST_F(DisaggregatedEnginesTest, ASessionAttachedOnceThePromptStartedCarriesItsKv) {
+  auto decode = MakeDecode();
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt = {256, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70};
+  const engine::SamplingParams params{
+      .temperature = 0.7f, .seed = 31, .max_tokens = 10, .ignore_eos = true};
+  auto expected = engine::GenerateLocally(*Runner(model_, 16), prompt, params);
+  ASSERT_TRUE(expected.ok());
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "attached after the prompt was computed" : "attached once started");
+    auto stream = decode->Admit({.request_id = "r", .prompt = prompt, .sampling = params});
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    auto ticket = prefill->Submit({.request_id = "r", .prompt = prompt, .sampling = params});
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    // Not started: nothing to attach yet. Started: the caller opens it.
+    const prefill::PrefillProgress started = (*ticket)->Await(absl::Seconds(20), false);
+    ASSERT_TRUE(started.started);
+    if (late) {
+      // The prompt computes without a session: its first token waits.
+      for (int i = 0; i < 20 && prefill->load().has_work; ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+      absl::StatusOr<prefill::PrefillOutcome> early;
+      EXPECT_FALSE((*ticket)->Wait(absl::ZeroDuration(), &early));
+      EXPECT_GT(prefill_metrics_.kv_cache_usage.Value(), 0);  // its blocks are held
+    }
+    prefill->AttachKvSession(*ticket, Session(*prefill, prompt.size(), **stream));
+    auto outcome = Await(**ticket);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    Drained d = Drain(**stream);
+    ASSERT_TRUE(d.error.ok()) << d.error;
+    std::vector<int32_t> all = {outcome->first_token.token};
+    all.insert(all.end(), d.tokens.begin(), d.tokens.end());
+    EXPECT_EQ(all, expected->tokens);
+    EXPECT_TRUE(DecodeEmpty(*decode));
+    EXPECT_TRUE(PrefillEmpty());
+  }
+}
+
+// A session that cannot be opened fails the request with that status and
+// frees its blocks; a cancelled request's late session is aborted.
+TEST_F(DisaggregatedEnginesTest, ASessionThatCannotOpenFailsTheRequestAndFreesItsBlocks) {
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<int32_t> prompt = {256, 7, 8, 9, 10, 11, 12};
+  auto ticket =
+      prefill->Submit({.request_id = "r", .prompt = prompt, .sampling = {.max_tokens = 4}});
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE((*ticket)->Await(absl::Seconds(20), false).started);
+  prefill->AttachKvSession(*ticket, absl::UnavailableError("cannot open KV transfer to x"));
+  auto outcome = Await(**ticket);
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
+  EXPECT_NE(outcome.status().message().find("cannot open KV transfer"), absl::string_view::npos);
+  EXPECT_TRUE(PrefillEmpty());
+  EXPECT_GE(Failures(), 1);
+}
+
 // A continuation (the router moving a request after its decode worker
 // failed): prompt + the tokens already generated are prefilled and decoded
 // elsewhere; the rest of the stream equals the uninterrupted run's, with

@@ -1,0 +1,164 @@
+// Both metric sources reduce the same series the same way: the scraper
+// from text exposition it fetched (here handed in), the Prometheus source
+// from query answers (here a fake API). Absent series stay absent.
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+#include "planner/prometheus_source.h"
+#include "planner/scrape_source.h"
+
+namespace pdserve::planner {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
+
+// A router exposition: `ttft_fast` requests with TTFT in (0.1, 0.2], `slow`
+// in (1, 2]; ITL gaps all in (0.01, 0.02].
+std::string Router(double requests, double ttft_fast, double ttft_slow, double gaps, double prompt,
+                   double generated, int prefill_workers, int decode_workers) {
+  const double ttft = ttft_fast + ttft_slow;
+  return absl::StrCat("# TYPE pdserve_time_to_first_token_seconds histogram\n",
+                      "pdserve_time_to_first_token_seconds_bucket{le=\"0.1\"} 0\n",
+                      "pdserve_time_to_first_token_seconds_bucket{le=\"0.2\"} ", ttft_fast, "\n",
+                      "pdserve_time_to_first_token_seconds_bucket{le=\"1\"} ", ttft_fast, "\n",
+                      "pdserve_time_to_first_token_seconds_bucket{le=\"2\"} ", ttft, "\n",
+                      "pdserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} ", ttft, "\n",
+                      "pdserve_time_to_first_token_seconds_count ", ttft, "\n",
+                      "pdserve_inter_token_latency_seconds_bucket{le=\"0.01\"} 0\n",
+                      "pdserve_inter_token_latency_seconds_bucket{le=\"0.02\"} ", gaps, "\n",
+                      "pdserve_inter_token_latency_seconds_bucket{le=\"+Inf\"} ", gaps, "\n",
+                      "pdserve_requests_total{finish_reason=\"length\"} ", requests, "\n",
+                      "pdserve_requests_total{finish_reason=\"stop\"} 0\n",
+                      "pdserve_prompt_tokens_total ", prompt, "\n",
+                      "pdserve_generation_tokens_total ", generated, "\n",
+                      "pdserve_pool_workers{pool=\"prefill\"} ", prefill_workers, "\n",
+                      "pdserve_pool_workers{pool=\"decode\"} ", decode_workers, "\n");
+}
+
+TEST(ScrapeSourceTest, RatesAndQuantilesOverTheWindow) {
+  std::map<std::string, std::string> pages;
+  ScrapeSource source({.window = absl::Seconds(10), .quantile = 0.9},
+                      StaticTargets({.router = {"127.0.0.1:1"},
+                                     .prefill = {"127.0.0.1:2"},
+                                     .decode = {"127.0.0.1:3", "127.0.0.1:4"}}),
+                      [&](const std::string& t) -> absl::StatusOr<std::string> {
+                        auto it = pages.find(t);
+                        if (it == pages.end()) return absl::UnavailableError("down");
+                        return it->second;
+                      });
+  pages["127.0.0.1:1"] = Router(10, 10, 0, 100, 1000, 500, 1, 2);
+  pages["127.0.0.1:2"] = "pdserve_prefill_queued_tokens 300\n";
+  pages["127.0.0.1:3"] =
+      "pdserve_decode_running_sequences 4\npdserve_decode_waiting_kv_sequences 1\n"
+      "pdserve_kv_cache_usage_ratio 0.5\n";
+  pages["127.0.0.1:4"] =
+      "pdserve_decode_running_sequences 2\npdserve_decode_waiting_kv_sequences 0\n"
+      "pdserve_kv_cache_usage_ratio 0.25\n";
+  Observation first = source.Read(kT0);
+  EXPECT_FALSE(first.ttft_s.has_value()) << "one scrape is no window";
+  EXPECT_EQ(first.ready_workers.decode, 2);
+  EXPECT_DOUBLE_EQ(*first.prefill_queued_tokens, 300);
+  EXPECT_DOUBLE_EQ(*first.decode_sequences, 7);
+  EXPECT_DOUBLE_EQ(*first.decode_kv_usage, 0.375);
+
+  // 10 s later: 20 more requests, all slow; 2000 prompt tokens, 1000 generated.
+  pages["127.0.0.1:1"] = Router(30, 10, 20, 300, 3000, 1500, 1, 2);
+  Observation o = source.Read(kT0 + absl::Seconds(10));
+  ASSERT_TRUE(o.ttft_s.has_value());
+  EXPECT_DOUBLE_EQ(*o.ttft_count, 20);
+  EXPECT_NEAR(*o.ttft_s, 1.9, 1e-9);  // all 20 in (1, 2]: p90 interpolates to 1.9
+  EXPECT_DOUBLE_EQ(*o.itl_count, 200);
+  EXPECT_DOUBLE_EQ(*o.request_rate, 2);
+  EXPECT_DOUBLE_EQ(*o.prompt_tokens_per_s, 200);
+  EXPECT_DOUBLE_EQ(*o.output_tokens_per_s, 100);
+
+  // No traffic: present, with no observations.
+  Observation idle = source.Read(kT0 + absl::Seconds(20));
+  ASSERT_TRUE(idle.ttft_s.has_value());
+  EXPECT_TRUE(std::isnan(*idle.ttft_s));
+  EXPECT_DOUBLE_EQ(*idle.ttft_count, 0);
+  EXPECT_DOUBLE_EQ(*idle.prompt_tokens_per_s, 0);
+
+  // A decode worker stops answering: decode's gauges are absent, the rest stays.
+  pages.erase("127.0.0.1:4");
+  Observation partial = source.Read(kT0 + absl::Seconds(30));
+  EXPECT_FALSE(partial.decode_sequences.has_value());
+  EXPECT_FALSE(partial.decode_kv_usage.has_value());
+  EXPECT_TRUE(partial.prefill_queued_tokens.has_value());
+  EXPECT_TRUE(partial.ttft_s.has_value());
+
+  // The router is gone: everything it reports is absent.
+  pages.erase("127.0.0.1:1");
+  Observation blind = source.Read(kT0 + absl::Seconds(40));
+  EXPECT_FALSE(blind.ttft_s.has_value());
+  EXPECT_FALSE(blind.ready_workers.prefill.has_value());
+  EXPECT_FALSE(blind.output_tokens_per_s.has_value());
+}
+
+TEST(ScrapeSourceTest, ARestartedRouterCountsFromZero) {
+  std::string page = Router(100, 100, 0, 1000, 10000, 5000, 1, 1);
+  ScrapeSource source({.window = absl::Seconds(10)}, StaticTargets({.router = {"127.0.0.1:1"}}),
+                      [&](const std::string&) -> absl::StatusOr<std::string> { return page; });
+  source.Read(kT0);
+  page = Router(5, 5, 0, 50, 500, 250, 1, 1);
+  Observation o = source.Read(kT0 + absl::Seconds(10));
+  EXPECT_DOUBLE_EQ(*o.prompt_tokens_per_s, 50);
+  EXPECT_DOUBLE_EQ(*o.ttft_count, 5);
+}
+
+TEST(PrometheusSourceTest, QueriesAndAnswers) {
+  PrometheusSourceOptions options{.url = "http://unused",
+                                  .selector = "namespace=\"pdserve\"",
+                                  .window = absl::Seconds(60),
+                                  .quantile = 0.9};
+  const PrometheusQueries q = MakeQueries(options);
+  EXPECT_EQ(q.ttft,
+            "histogram_quantile(0.9, sum by (le) (rate(pdserve_time_to_first_token_seconds_bucket"
+            "{job=\"router\",namespace=\"pdserve\"}[60s])))");
+  EXPECT_EQ(q.queued_tokens,
+            "sum(pdserve_prefill_queued_tokens{job=\"prefill\",namespace=\"pdserve\"})");
+  auto vector = [](const std::string& samples) {
+    return absl::StrCat(R"({"status":"success","data":{"resultType":"vector","result":[)", samples,
+                        "]}}");
+  };
+  auto one = [&](const std::string& v) {
+    return vector(absl::StrCat(R"({"metric":{},"value":[1700000000,")", v, R"("]})"));
+  };
+  std::map<std::string, std::string> answers = {
+      {q.ttft, one("1.5")},
+      {q.ttft_count, one("40")},
+      {q.itl, one("NaN")},
+      {q.itl_count, one("0")},
+      {q.request_rate, one("0.5")},
+      {q.prompt_tokens, one("250")},
+      {q.output_tokens, one("0")},
+      {q.queued_tokens, vector("")},  // no series: absent
+      {q.decode_sequences, one("3")},
+      {q.kv_usage, one("0.2")},
+      {q.pool_workers, vector(R"({"metric":{"pool":"prefill"},"value":[1,"2"]},)"
+                              R"({"metric":{"pool":"decode"},"value":[1,"1"]})")},
+  };
+  PrometheusSource source(options, [&](const std::string& promql) -> absl::StatusOr<std::string> {
+    auto it = answers.find(promql);
+    if (it == answers.end()) return absl::NotFoundError(promql);
+    return it->second;
+  });
+  Observation o = source.Read(kT0);
+  EXPECT_DOUBLE_EQ(*o.ttft_s, 1.5);
+  EXPECT_DOUBLE_EQ(*o.ttft_count, 40);
+  EXPECT_TRUE(std::isnan(*o.itl_s));
+  EXPECT_DOUBLE_EQ(*o.prompt_tokens_per_s, 250);
+  EXPECT_FALSE(o.prefill_queued_tokens.has_value());
+  EXPECT_EQ(o.ready_workers.prefill, 2);
+  EXPECT_EQ(o.ready_workers.decode, 1);
+
+  answers[q.request_rate] = R"({"status":"error","error":"bad query"})";
+  EXPECT_FALSE(source.Read(kT0).request_rate.has_value());
+}
+
+}  // namespace
+}  // namespace pdserve::planner

@@ -8,11 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model/config.h"
+#include "engine/runtime/token_constraint.h"
 
 namespace pdserve::engine {
 
@@ -30,6 +33,14 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // per occurrence in the output
   int min_tokens = 0;               // EOS and stop ids masked before this many
   int logprobs = -1;                // -1: none; else top alternatives to return
+  // Structured output: the grammar the output must match, as the worker
+  // protocol carries it (engine/runtime/grammar/grammar_spec.h); empty:
+  // none. The worker that samples compiles it into `constraint`, which the
+  // sampler applies (masked tokens are never drawn; log-probabilities stay
+  // those of the raw logits). Copies share the constraint, which follows
+  // whichever history it is asked about.
+  std::string grammar_spec;
+  std::shared_ptr<const TokenConstraint> constraint;
 
   bool HasPenalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
@@ -63,8 +74,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
 // admission: a non-empty prompt of ids in [0, vocab_size), valid sampling
 // parameters, and prompt + max_tokens within the context. INVALID_ARGUMENT
 // naming the field.
-absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt, const SamplingParams& params,
-                                       const ModelConfig& config);
+absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt,
+                                       const SamplingParams& params, const ModelConfig& config);
 
 // Samples the `step`-th generated token (0 = first) from `logits` as they
 // are (no penalties): temperature, top-k, min-p, top-p.
@@ -72,8 +83,15 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
 
 // Applies the penalties and the min_tokens mask to `logits` in place.
 // `eos_ids` are the model's end-of-sequence ids (masked unless ignore_eos).
+// Then the constraint's mask, if any (FillConstraintMask).
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,
                            const TokenHistory& history, std::span<const int> eos_ids);
+
+// The constraint's mask for step history.generated.size() (with
+// max_tokens - that many tokens left) into `mask` (TokenMaskWords(vocab)
+// words). Needs params.constraint.
+void FillConstraintMask(const SamplingParams& params, const TokenHistory& history,
+                        std::span<const int> eos_ids, int vocab, std::vector<uint32_t>& mask);
 
 // The whole pipeline for step history.generated.size(): processors, the draw,
 // and the log-probabilities. `scratch` is reused across calls.

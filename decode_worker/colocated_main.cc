@@ -23,6 +23,7 @@
 #include "decode_worker/colocated_metrics.h"
 #include "decode_worker/colocated_orchestrator.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/grammar/tokenizer_vocabulary.h"
 #include "engine/runtime/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
@@ -123,7 +124,12 @@ int Main() {
           .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
           .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
-  colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id));
+  // Structured output needs each token's bytes: the tokenizer, once.
+  auto grammars =
+      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id),
+                                                grammars.ok() ? grammars->get() : nullptr);
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{

@@ -61,14 +61,27 @@ class ColocatedGeneration final : public frontend::Generation {
 
 }  // namespace
 
-ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id)
-    : engine_(engine), worker_id_(std::move(worker_id)) {}
+ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id,
+                                             engine::grammar::GrammarCompiler* grammars)
+    : engine_(engine), worker_id_(std::move(worker_id)), grammars_(grammars) {}
 
 absl::StatusOr<std::unique_ptr<frontend::Generation>> ColocatedOrchestrator::Start(
     frontend::GenerationJob job) {
   if (job.sampling.logprobs >= 0) {
     return frontend::WithRejectReason(
         absl::UnimplementedError("pdserve_colocated does not return logprobs"), "invalid_argument");
+  }
+  if (!job.sampling.grammar_spec.empty()) {
+    if (grammars_ == nullptr) {
+      return frontend::WithRejectReason(
+          absl::FailedPreconditionError(
+              "structured output: no tokenizer to build token masks from"),
+          "invalid_argument");
+    }
+    absl::StatusOr<std::shared_ptr<const engine::TokenConstraint>> c =
+        grammars_->Compile(job.sampling.grammar_spec);
+    if (!c.ok()) return frontend::WithRejectReason(c.status(), "invalid_argument");
+    job.sampling.constraint = *std::move(c);
   }
   absl::StatusOr<std::shared_ptr<ColocatedStream>> stream =
       engine_->Submit(ColocatedRequest{.request_id = std::move(job.request_id),

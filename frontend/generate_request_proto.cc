@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
 #include "frontend/sampling_wire.h"
+#include "frontend/structured_output.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "text/utf8.h"
@@ -113,6 +114,10 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
     return FieldError("sampling.logprobs", absl::StrCat(" must be in [0, 20], got ", s.logprobs()));
   }
   if (s.has_seed()) out.seed = s.seed();
+  absl::StatusOr<std::string> spec =
+      ProtoResponseFormatSpec(s.response_format(), "sampling.response_format");
+  if (!spec.ok()) return spec.status();
+  p.grammar_spec = *std::move(spec);
   out.stop.assign(s.stop().begin(), s.stop().end());
   return out;
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "frontend/errors.h"
+#include "frontend/structured_output.h"
 #include "nlohmann/json.hpp"
 #include "text/utf8.h"
 
@@ -266,6 +267,11 @@ absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
     }
     out->include_usage = out->stream && include_usage;
   }
+  if (const Json* format = Find(obj, "response_format")) {
+    absl::StatusOr<std::string> spec = OpenAiResponseFormatSpec(*format);
+    if (!spec.ok()) return spec.status();
+    r.sampling.grammar_spec = *std::move(spec);
+  }
   int n = 1;
   PDSERVE_RETURN_IF_ERROR(ReadInt(obj, "n", &n));
   if (n != 1) return Unsupported("n", "only 1 choice per request is supported");
@@ -419,12 +425,6 @@ absl::Status ReadChat(const Json& obj, ParsedRequest* out) {
     return Unsupported("top_logprobs", "needs \"logprobs\": true");
   }
   if (logprobs) r.sampling.logprobs = static_cast<int>(top.value_or(0));
-  if (const Json* format = Find(obj, "response_format")) {
-    if (!format->is_object()) return TypeError("response_format", "an object");
-    std::string type = "text";
-    PDSERVE_RETURN_IF_ERROR(ReadString(*format, "type", &type));
-    if (type != "text") return Unsupported("response_format", "only {\"type\": \"text\"}");
-  }
   return absl::OkStatus();
 }
 
@@ -440,6 +440,7 @@ FieldNames OpenAiNames(Api api) {
   names.template_variables = "tools";
   names.max_tokens = "max_tokens";
   names.stop = "stop";
+  names.response_format = "response_format";
   names.request_id = "request_id";
   names.user = "user";
   names.sampling_prefix = "";

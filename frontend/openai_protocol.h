@@ -11,10 +11,11 @@
 // stop, presence_penalty, frequency_penalty, repetition_penalty, min_tokens,
 // ignore_eos, stop_token_ids, logprobs and top_logprobs, stream,
 // stream_options.include_usage, user, chat_template_kwargs (booleans), n
-// (1 only). An unknown field is ignored; a field of the wrong type is
-// INVALID_ARGUMENT naming it; a known field asking for something pdserve does
-// not do (n > 1, echo, suffix, logit_bias, best_of > 1, a response_format
-// other than text) is INVALID_ARGUMENT naming it.
+// (1 only), response_format (text, json_object, json_schema: see
+// frontend/structured_output.h). An unknown field is ignored; a field of the
+// wrong type is INVALID_ARGUMENT naming it; a known field asking for
+// something pdserve does not do (n > 1, echo, suffix, logit_bias,
+// best_of > 1) is INVALID_ARGUMENT naming it.
 #pragma once
 
 #include <cstdint>

@@ -30,6 +30,7 @@ struct FieldNames {
   std::string template_variables = "tools";
   std::string max_tokens = "sampling.max_tokens";
   std::string stop = "sampling.stop";
+  std::string response_format = "sampling.response_format";
   std::string request_id = "request_id";
   std::string user = "user";
   // Prefix of the sampling fields the engine's checks name

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/structured_output.h"
 #include "text/utf8.h"
 
 namespace pdserve::frontend {
@@ -221,6 +222,7 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const Request& request, const P
     }
     return WithField(absl::InvalidArgumentError(message), message.substr(0, message.find(' ')));
   }
+  if (absl::Status s = ValidateStructuredOutput(p, names); !s.ok()) return s;
   return out;
 }
 

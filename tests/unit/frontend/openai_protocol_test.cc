@@ -156,8 +156,8 @@ TEST(OpenAiParseTest, WrongTypesAndUnsupportedFieldsNameTheField) {
       {Api::kChat, R"({"messages": [], "top_logprobs": 2})", "top_logprobs"},
       {Api::kChat, R"({"messages": [], "chat_template_kwargs": {"x": 1}})",
        "chat_template_kwargs.x"},
-      {Api::kChat, R"({"messages": [], "response_format": {"type": "json_object"}})",
-       "response_format"},
+      {Api::kChat, R"({"messages": [], "response_format": {"type": "yaml"}})",
+       "response_format.type"},
   };
   for (const Case& c : cases) {
     auto p = ParseRequest(c.api, c.body, kOptions);

@@ -138,7 +138,8 @@ int Main() {
           .server_kind = "server"},
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService service(&sessions);
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, nullptr,
+                                     /*max_receive_message_bytes=*/-1);
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;

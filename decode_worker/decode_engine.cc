@@ -109,7 +109,8 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
     stream = std::make_shared<DecodeStream>(id, transfer_ids_.Id(id));
     entries_.emplace(id, Entry{.request_id = std::move(request.request_id),
                                .stream = stream,
-                               .num_generated = num_generated});
+                               .num_generated = num_generated,
+                               .admitted = absl::Now()});
     metrics_->requests_admitted.Increment();
     UpdateGaugesLocked();
   }
@@ -186,6 +187,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   }
   entry.awaiting_kv = false;
   ++entry.num_generated;
+  metrics_->kv_wait.Observe(absl::ToDoubleSeconds(absl::Now() - entry.admitted));
   absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
   if (!finish.ok()) {
     entry.stream->Push({.error = absl::InternalError(finish.status().message())});
@@ -215,7 +217,7 @@ DecodeLoad DecodeEngine::load() const {
                   .preempted = scheduler_.num_waiting(),
                   .free_blocks = scheduler_.num_available_blocks(),
                   .total_blocks = scheduler_.kv().num_blocks(),
-                  .steps_completed = steps_completed_,
+                  .progress = steps_completed_,
                   .has_work = stepping_ && scheduler_.num_running() + scheduler_.num_waiting() > 0};
   constexpr int kUnhealthyAfter = 3;
   if (failed_steps_in_a_row_ >= kUnhealthyAfter) {

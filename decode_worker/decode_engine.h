@@ -102,7 +102,7 @@ struct DecodeLoad {
   int total_blocks = 0;
   // Progress (the router's liveness judgement): steps completed since
   // start, and why the engine cannot serve (empty: it can).
-  uint64_t steps_completed = 0;
+  uint64_t progress = 0;
   bool has_work = false;  // the last plan had a step to run
   std::string unhealthy_reason;
 };
@@ -124,6 +124,7 @@ class DecodeEngine {
 
   DecodeLoad load() const;
   const std::string& kv_endpoint() const { return kv_endpoint_; }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
  private:
   // Per admitted request: its stream and what the scheduler does not keep.
@@ -133,6 +134,7 @@ class DecodeEngine {
     bool awaiting_kv = true;
     bool cancelled = false;      // while awaiting KV: the receiver's cancel frees it
     int num_generated = 0;       // generated elsewhere, then pushed (the first one included)
+    absl::Time admitted;         // KV reserved
     absl::Time last_token_time;  // joining the batch, then each token's step end
   };
   class Sink;

@@ -39,6 +39,10 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
           "Time between consecutive tokens of a sequence at this worker (the first gap from "
           "joining the batch)",
           InterTokenLatencyBuckets())),
+      kv_wait(MakeHistogram(r, "pdserve_decode_kv_wait_seconds",
+                            "A request's KV reserved at this worker to its joining the batch (its "
+                            "prefill and KV transfer, waited for)",
+                            TimeToFirstTokenBuckets())),
       kv_received_bytes(MakeCounter(r, "pdserve_kv_transfer_received_bytes_total",
                                     "KV bytes received from prefill workers")),
       kv_receive_failures(

@@ -25,6 +25,9 @@ struct DecodeMetrics {
   // Between consecutive tokens of one sequence at this worker; the first
   // gap runs from the sequence joining the batch.
   prometheus::Histogram& inter_token_latency;
+  // Admission (KV reserved) to joining the batch: the wait for the prompt's
+  // prefill and KV (the decode pool's queue, as a request sees it).
+  prometheus::Histogram& kv_wait;
   prometheus::Counter& kv_received_bytes;
   prometheus::Counter& kv_receive_failures;
   prometheus::Counter& requests_admitted;

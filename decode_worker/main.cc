@@ -184,7 +184,7 @@ int Main() {
           out.set_free_kv_blocks(load.free_blocks);
           out.set_total_kv_blocks(load.total_blocks);
           out.set_draining(service.draining());
-          out.set_steps_completed(load.steps_completed);
+          out.set_progress(load.progress);
           out.set_has_work(load.has_work);
           out.set_unhealthy_reason(load.unhealthy_reason);
           out.set_max_sequences(engine_options.max_running);

@@ -58,6 +58,11 @@ ABSL_FLAG(int, max_batch_tokens, 4096, "Prompt tokens per prefill step");
 ABSL_FLAG(int, max_prefill_chunk_tokens, 512,
           "Run prompts longer than this in chunks of this many tokens, so that a step is short "
           "and a cancelled or expired prompt stops within one chunk (0: whole prompts)");
+ABSL_FLAG(int, prefill_step_target_ms, 250,
+          "Steps last about this long: their prompt tokens are capped at the measured rate times "
+          "this (never below one chunk, never above --max_batch_tokens), so a cancelled prompt "
+          "or a newly arrived one waits at most about this for the step in progress (0: steps of "
+          "--max_batch_tokens)");
 ABSL_FLAG(int, max_queued_requests, 1024, "Queued prompts before RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "Reuse the cached KV blocks of a prompt's longest cached prefix (shared prompt "
@@ -128,6 +133,7 @@ int Main() {
   prefill::PrefillEngineOptions engine_options{
       .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
       .max_prefill_chunk_tokens = absl::GetFlag(FLAGS_max_prefill_chunk_tokens),
+      .step_target = absl::Milliseconds(absl::GetFlag(FLAGS_prefill_step_target_ms)),
       .max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests),
       .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
       .peak_flops = peak.value};
@@ -180,7 +186,7 @@ int Main() {
           out.mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(),
                                                     load.cached_block_hashes.end());
           out.set_draining(service.draining());
-          out.set_steps_completed(load.steps_completed);
+          out.set_progress(load.progress);
           out.set_has_work(load.has_work);
           out.set_unhealthy_reason(load.unhealthy_reason);
           out.set_tokens_per_second(load.tokens_per_second);

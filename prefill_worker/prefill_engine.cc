@@ -1,5 +1,6 @@
 #include "prefill_worker/prefill_engine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -231,7 +232,7 @@ PrefillLoad PrefillEngine::load() const {
   absl::MutexLock lock(&mu_);
   PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
                    .queued_requests = static_cast<int>(jobs_.size()),
-                   .steps_completed = steps_completed_,
+                   .progress = steps_completed_ + layers_computed_.load(),
                    .has_work = stepping_ && !jobs_.empty(),
                    .tokens_per_second = tokens_per_second_};
   if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
@@ -264,6 +265,14 @@ void PrefillEngine::Loop() {
       if (stop_) return;
       wake_ = false;
       const absl::Time plan_start = absl::Now();
+      if (options_.step_target > absl::ZeroDuration() && tokens_per_second_ > 0) {
+        const int floor = options_.max_prefill_chunk_tokens > 0 ? options_.max_prefill_chunk_tokens
+                                                                : options_.max_batch_tokens;
+        const double timed = tokens_per_second_ * absl::ToDoubleSeconds(options_.step_target);
+        scheduler_.set_step_token_limit(std::min(
+            options_.max_batch_tokens,
+            std::max(floor, static_cast<int>(std::min<double>(timed, options_.max_batch_tokens)))));
+      }
       step = scheduler_.Schedule();
       start = absl::Now();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
@@ -277,6 +286,7 @@ void PrefillEngine::Loop() {
         if (!job.started_set) {
           job.started = start;
           job.started_set = true;
+          metrics_->queue_wait.Observe(absl::ToDoubleSeconds(start - job.enqueued));
           job.ticket->Start();  // its caller opens the KV session now
         }
         jobs.push_back(&job);
@@ -432,6 +442,7 @@ absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(
     void* event = (*handle)->LayerDeviceEvent(layer);
     if (host_wait || event == nullptr) {
       if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
+      layers_computed_.fetch_add(1);
     }
     if (layer == 0) first_layer_sent = absl::Now();
     for (size_t i = 0; i < step.ids.size(); ++i) {

@@ -100,7 +100,12 @@ class PrefillTicket {
 struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
-  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  // Steps last about this long: their new tokens are capped at the measured
+  // rate times this, never below one chunk (a whole prompt unchunked) nor
+  // above max_batch_tokens. Bounds how long a cancelled prompt, or a newly
+  // arrived one, waits for the step in progress. Zero: max_batch_tokens.
+  absl::Duration step_target = absl::ZeroDuration();
+  int max_queued_requests = 1024;  // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
   double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
@@ -113,10 +118,11 @@ struct PrefillLoad {
   // With prefix caching: the KV cache's digest for routers
   // (KvCacheManager::CachedHashDigest).
   std::vector<uint64_t> cached_block_hashes;
-  // Progress (the router's liveness judgement): steps completed since start,
-  // whether prompts wait or run, prompt tokens computed per second over
-  // recent steps, and why the engine cannot serve (empty: it can).
-  uint64_t steps_completed = 0;
+  // Progress (the router's liveness judgement): steps completed plus layers
+  // computed since start, whether prompts wait or run, prompt tokens
+  // computed per second over recent steps, and why the engine cannot serve
+  // (empty: it can).
+  uint64_t progress = 0;
   bool has_work = false;
   double tokens_per_second = 0;
   std::string unhealthy_reason;
@@ -130,6 +136,7 @@ class PrefillEngine {
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);
@@ -218,6 +225,9 @@ class PrefillEngine {
   // Progress: steps completed, prompt tokens per second (moving average
   // over busy steps), consecutive failed steps and the last failure.
   uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Layers computed within steps (RunStep, without the lock): progress a
+  // long prompt step shows before it completes.
+  std::atomic<uint64_t> layers_computed_{0};
   // The last plan had a step to run: work the engine can step now (not
   // prompts waiting for blocks that KV sends still hold).
   bool stepping_ ABSL_GUARDED_BY(mu_) = false;

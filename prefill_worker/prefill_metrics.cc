@@ -32,6 +32,10 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
           r, "pdserve_prefill_time_to_first_token_seconds",
           "Prompt queued at this worker to its first token sampled (queue and prefill)",
           TimeToFirstTokenBuckets())),
+      queue_wait(MakeHistogram(r, "pdserve_prefill_queue_wait_seconds",
+                               "Prompt queued at this worker to its first step (the wait in the "
+                               "prefill pool's queue)",
+                               TimeToFirstTokenBuckets())),
       kv_cache_usage(
           MakeGauge(r, "pdserve_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use")),
       kv_transfer_seconds(MakeHistogram(r, "pdserve_kv_transfer_seconds",

@@ -24,6 +24,9 @@ struct PrefillMetrics {
   prometheus::Gauge& peak_flops;          // the peak MFU is relative to; 0: unknown
   // Prompt queued at this worker to its first token sampled (queue + compute).
   prometheus::Histogram& time_to_first_token;
+  // Prompt queued at this worker to its first step (the wait in this
+  // pool's queue).
+  prometheus::Histogram& queue_wait;
   prometheus::Gauge& kv_cache_usage;      // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& kv_transfer_seconds;          // first layer queued -> receiver ack
   prometheus::Histogram& kv_transfer_exposed_seconds;  // compute end -> receiver ack

@@ -21,6 +21,7 @@
 #include "common/cli.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/memory.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/process_metrics.h"
@@ -173,8 +174,10 @@ int Main() {
           .server_kind = "router"},
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService generation(&sessions);
-  auto grpc_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation}, *client_credentials);
+  // The service refuses messages over kMaxGrpcMessageBytes itself, so that
+  // the refusal is counted (frontend/grpc_service.h).
+  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation},
+                                     *client_credentials, /*max_receive_message_bytes=*/-1);
   if (!grpc_server.ok()) {
     PDSERVE_LOG(ERROR) << grpc_server.status();
     return 1;
@@ -236,6 +239,7 @@ int Main() {
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
+  pdserve::ConfigureAllocatorForRequests();
   pdserve::BlockShutdownSignals();
   pdserve::ParseFlags(argc, argv,
                       "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the worker "

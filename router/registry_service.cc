@@ -14,7 +14,7 @@ LoadReport FromProto(const internal::v1::WorkerLoad& l) {
       .total_kv_blocks = l.total_kv_blocks(),
       .draining = l.draining(),
       .cached_block_hashes = {l.cached_block_hashes().begin(), l.cached_block_hashes().end()},
-      .steps_completed = l.steps_completed(),
+      .progress = l.progress(),
       .has_work = l.has_work(),
       .unhealthy_reason = l.unhealthy_reason().substr(0, 1024),
       .max_batch_tokens = l.max_batch_tokens(),

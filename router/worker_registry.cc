@@ -120,7 +120,7 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
 }
 
 void WorkerRegistry::TakeReportLocked(Entry& e, const LoadReport& load, absl::Time now) {
-  if (!load.has_work || load.steps_completed != e.load.steps_completed || !e.load.has_work) {
+  if (!load.has_work || load.progress != e.load.progress || !e.load.has_work) {
     e.last_progress = now;
   }
   if (load.unhealthy_reason != e.load.unhealthy_reason) {

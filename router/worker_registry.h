@@ -73,10 +73,11 @@ struct LoadReport {
   // Prefill: digest of the cached KV blocks (engine/kvcache:
   // KvCacheManager::CachedHashDigest).
   std::vector<uint64_t> cached_block_hashes;
-  // Progress: engine steps completed (monotonic) and whether the engine has
-  // work it could step now. With work, a count that stops moving for the
-  // hang timeout marks the worker hung.
-  uint64_t steps_completed = 0;
+  // Progress: a count that moves while the engine works (steps, and layers
+  // within a prefill step) and whether the engine has work it could step
+  // now. With work, a count that stops moving for the hang timeout marks
+  // the worker hung.
+  uint64_t progress = 0;
   bool has_work = false;
   // Non-empty: the worker says it cannot serve, and why.
   std::string unhealthy_reason;

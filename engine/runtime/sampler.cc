@@ -207,6 +207,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.max_tokens must be >= 1, got ", params.max_tokens));
   }
+  if (params.stop_token_ids.size() > static_cast<size_t>(kMaxStopTokenIds)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids must hold at most ",
+                                                   kMaxStopTokenIds, " ids, got ",
+                                                   params.stop_token_ids.size()));
+  }
   for (int32_t id : params.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return FieldError("stop_token_ids", absl::StrCat("[0, ", vocab_size, ")"), id);

@@ -19,6 +19,11 @@
 
 namespace pdserve::engine {
 
+// Most stop token ids a request may carry (each generated token is compared
+// with every one): far more than any model's end tokens, and a bound on
+// what one request can make every hop hold.
+inline constexpr int kMaxStopTokenIds = 1024;
+
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
@@ -67,7 +72,8 @@ struct SampledToken {
   std::vector<TopLogprob> top;
 };
 
-// INVALID_ARGUMENT naming the field for out-of-range values.
+// INVALID_ARGUMENT naming the field for out-of-range values (and for more
+// than kMaxStopTokenIds stop token ids).
 absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
 
 // Checks a tokenized generation request against the model, as workers do on

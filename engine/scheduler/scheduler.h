@@ -165,6 +165,9 @@ class Scheduler {
   // or unknown.
   bool Cancel(SeqId id);
 
+  // Caps the new tokens of the steps planned from now on below the options'
+  // max_batch_tokens (a step bounded in time on a slow device); 0 lifts it.
+  void set_step_token_limit(int tokens) { step_token_limit_ = tokens; }
   // Plans the next step and takes its blocks. Empty when nothing can run.
   ScheduledStep Schedule();
   // Applies a finished step (its result, or the error that failed it).
@@ -205,6 +208,7 @@ class Scheduler {
   void CommitComputed(Sequence& seq);
 
   const SchedulerOptions options_;
+  int step_token_limit_ = 0;
   const ModelConfig& config_;
   KvCacheManager kv_;
   // Node-based: pointers and spans into a Sequence stay valid until it is

@@ -64,7 +64,10 @@ start_load load1 40
 wait_pools "prefill=1 decode=2" 60 || fail "the planner did not add a decode worker: $(pools)"
 grep -q 'planner: decode 1 -> 2 (slo_breached' "$work/planner1.log" || fail "no slo_breached decision logged"
 metrics=$(field "$work/planner1.ready" metrics_port)
-curl -sf "http://127.0.0.1:$metrics/metrics" | grep -q '^pdserve_planner_desired_replicas{pool="decode"} 2' ||
+# Read the page whole first: grep -q stops reading at its match, and under
+# pipefail curl's broken pipe would fail the check.
+page=$(curl -sf "http://127.0.0.1:$metrics/metrics") || fail "planner metrics unreadable"
+grep -q '^pdserve_planner_desired_replicas{pool="decode"} 2' <<< "$page" ||
   fail "desired_replicas of decode is not 2"
 sleep 3  # at its maximum now: nothing more may happen
 [ "$(pools)" = "prefill=1 decode=2" ] || fail "pools moved past the maximum: $(pools)"

@@ -232,7 +232,7 @@ class OrchestratorFaultTest : public ::testing::Test {
       uint64_t steps = 0;
       while (!stop->load()) {
         if (progressing) ++steps;
-        registry_.Heartbeat(id, {.steps_completed = steps, .has_work = true}, absl::Now());
+        registry_.Heartbeat(id, {.progress = steps, .has_work = true}, absl::Now());
         absl::SleepFor(absl::Milliseconds(50));
       }
     });

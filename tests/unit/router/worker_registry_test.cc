@@ -178,9 +178,9 @@ TEST(WorkerRegistryTest, LivenessIsJudgedFromTheWorkersProgress) {
   ASSERT_TRUE(registry.Register(Desc("idle", Role::kDecode), {}, kT0).ok());
   for (int s = 1; s <= 24; ++s) {  // 12 s of heartbeats every 500 ms
     const absl::Time t = kT0 + absl::Milliseconds(500 * s);
-    registry.Heartbeat("busy", {.steps_completed = static_cast<uint64_t>(s), .has_work = true}, t);
-    registry.Heartbeat("hung", {.steps_completed = 5, .has_work = true}, t);
-    registry.Heartbeat("idle", {.steps_completed = 5, .has_work = false}, t);
+    registry.Heartbeat("busy", {.progress = static_cast<uint64_t>(s), .has_work = true}, t);
+    registry.Heartbeat("hung", {.progress = 5, .has_work = true}, t);
+    registry.Heartbeat("idle", {.progress = 5, .has_work = false}, t);
   }
   const absl::Time now = kT0 + absl::Seconds(12);
   EXPECT_EQ(registry.Judge("busy", 0, now).health, WorkerHealth::kLive);
@@ -190,7 +190,7 @@ TEST(WorkerRegistryTest, LivenessIsJudgedFromTheWorkersProgress) {
   EXPECT_NE(hung.why.find("completed no step"), std::string::npos) << hung.why;
   EXPECT_EQ(registry.Live(Role::kDecode, now).size(), 2u);
   // It steps again: live at once.
-  registry.Heartbeat("hung", {.steps_completed = 6, .has_work = true}, now);
+  registry.Heartbeat("hung", {.progress = 6, .has_work = true}, now);
   EXPECT_EQ(registry.Judge("hung", 0, now).health, WorkerHealth::kLive);
   // Self-reported.
   registry.Heartbeat("idle", {.unhealthy_reason = "its last 3 steps failed: CUDA error"}, now);

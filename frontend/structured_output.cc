@@ -67,10 +67,12 @@ absl::Status ValidateStructuredOutput(const engine::SamplingParams& params,
   absl::StatusOr<engine::grammar::Grammar> g =
       engine::grammar::CompileGrammarSpec(params.grammar_spec);
   if (!g.ok()) return FieldError(names.response_format, absl::StrCat(": ", g.status().message()));
-  if (params.max_tokens < g->MinLength()) {
-    return FieldError(names.max_tokens,
-                      absl::StrCat(": the response format's shortest output needs up to ",
-                                   g->MinLength(), " tokens; got ", params.max_tokens));
+  // The shortest output, then its end-of-sequence token.
+  if (params.max_tokens < g->MinLength() + 1) {
+    return FieldError(
+        names.max_tokens,
+        absl::StrCat(": the response format's shortest output and its end need up to ",
+                     g->MinLength() + 1, " tokens; got ", params.max_tokens));
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include "engine/runtime/generator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/demo_chat_model.h"
 #include "tests/integration/http_client.h"
 #include "tests/integration/local_cluster.h"
 #include "text/chat_template.h"
@@ -30,14 +31,7 @@ class OpenAiHttpTest : public ::testing::Test {
     std::filesystem::remove_all(*work_dir_);
     std::filesystem::create_directories(*work_dir_);
     model_dir_ = new std::string(*work_dir_ + "/model");
-    engine::ModelConfig config = engine::DefaultDemoConfig();
-    config.max_position_embeddings = 512;
-    engine::RandomModelOptions options{
-        .seed = 5,
-        .write_generation_config = true,
-        .generation_eos_token_ids = {engine::kDemoEndOfTextId, engine::kDemoEotId}};
-    ASSERT_TRUE(engine::WriteRandomModel(config, options, *model_dir_).ok());
-    ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, *model_dir_).ok());
+    ASSERT_TRUE(WriteDemoChatModel(*model_dir_, 512, /*seed=*/5).ok());
     cluster_ = new LocalCluster(ClusterOptions{.model_dir = *model_dir_, .work_dir = *work_dir_});
     absl::Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s;

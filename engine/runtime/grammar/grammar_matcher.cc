@@ -91,16 +91,31 @@ int32_t GrammarMatcher::MinToFinish() const {
 void GrammarMatcher::AddConfig(const Config& c, int32_t limit, bool exact,
                                std::span<uint32_t> mask) {
   const TokenVocabulary& v = compiled_->vocab();
-  StepOut start;
-  start.configs.push_back(c);
-  if (exact) {
-    WalkVocabulary(g_, arena_, v, start, nullptr, [&](int32_t id, bool, const StepOut& out) {
-      if (grammar::MinToFinish(arena_, out) <= limit) AllowToken(id, mask);
-    });
-    return;
-  }
   const NodeMask& nm = compiled_->Mask(c.node);
-  if (!nm.accepted_bits.empty()) {
+  // An accepted token leaves the stack below as it was: after it, the bytes
+  // still needed are this configuration's plus the token's growth.
+  const int32_t slack = limit - arena_.MinToFinish(c);
+  if (exact && slack < 0) {
+    for (const auto& [growth, id] : nm.shrinking) {
+      if (growth > slack) break;
+      AllowToken(id, mask);
+    }
+  } else if (exact) {
+    // The accepted set less the tokens that grow past the slack.
+    exact_.assign(mask.size(), 0u);
+    if (!nm.accepted_bits.empty()) {
+      for (size_t w = 0; w < nm.accepted_bits.size() && w < exact_.size(); ++w) {
+        exact_[w] = nm.accepted_bits[w];
+      }
+    } else {
+      for (int32_t id : nm.accepted_ids) AllowToken(id, exact_);
+    }
+    for (const auto& [growth, id] : nm.growing) {
+      if (growth <= slack) break;
+      exact_[static_cast<size_t>(id) >> 5] &= ~(1u << (id & 31));
+    }
+    for (size_t w = 0; w < mask.size(); ++w) mask[w] |= exact_[w];
+  } else if (!nm.accepted_bits.empty()) {
     for (size_t w = 0; w < nm.accepted_bits.size() && w < mask.size(); ++w) {
       mask[w] |= nm.accepted_bits[w];
     }
@@ -136,9 +151,16 @@ void GrammarMatcher::FillMask(int remaining, std::span<const int> eos_ids,
     allow_end();
     return;
   }
+  // The last token ends a complete output, so the reply finishes as STOP
+  // rather than at max_tokens.
+  if (remaining <= 1 && step.state.bottom_reached) {
+    allow_end();
+    return;
+  }
   const size_t mark = arena_.Mark();
-  // Bytes that may still be needed after this token: one token per byte.
-  const int32_t limit = std::max(remaining - 1, 0);
+  // Bytes that may still be needed after this token: one token per byte,
+  // with one token kept for the end-of-sequence.
+  const int32_t limit = std::max(remaining - 2, 0);
   for (int pass = 0; pass < 2; ++pass) {
     // The second pass drops the budget: the vocabulary lacks tokens the
     // shortest completion needs, so the output may end cut by max_tokens.

@@ -8,7 +8,8 @@
 // tokens (a bit-set OR) and its uncertain tokens checked against the real
 // stack. It also keeps the output finishable within the token budget: a
 // token is allowed only if the bytes still needed to finish the output
-// after it fit the tokens left after it (the budget counts bytes as tokens,
+// after it fit the tokens left after it, less one for the end-of-sequence
+// (so a reply ends as STOP, not at max_tokens; the budget counts bytes as tokens,
 // so it holds wherever every byte the shortest completion needs is a token
 // of its own, as in byte-level vocabularies). Where a node's accepted set
 // could overrun the budget, that configuration's tokens are checked one by
@@ -91,6 +92,7 @@ class GrammarMatcher {
   std::vector<Step> steps_;
   std::vector<int32_t> tokens_;
   StepOut scratch_, check_;
+  std::vector<uint32_t> exact_;  // AddConfig's accepted set near the budget's end
 };
 
 }  // namespace pdserve::engine::grammar

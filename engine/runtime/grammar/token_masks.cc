@@ -2,6 +2,7 @@
 #include "engine/runtime/grammar/token_masks.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "engine/runtime/token_constraint.h"
 
@@ -25,9 +26,13 @@ NodeMask ComputeNodeMask(const Grammar& g, const TokenVocabulary& vocab, int32_t
                    accepted.push_back(id);
                    // Local cost: the stack below the start is empty here.
                    const int32_t growth = MinToFinish(arena, out) - before;
+                   if (growth > 0) mask.growing.emplace_back(growth, id);
+                   if (growth < 0) mask.shrinking.emplace_back(growth, id);
                    max_growth = max_growth == kUnreachable ? growth : std::max(max_growth, growth);
                  });
   mask.max_growth = max_growth == kUnreachable ? 0 : max_growth;
+  std::sort(mask.growing.begin(), mask.growing.end(), std::greater<>());
+  std::sort(mask.shrinking.begin(), mask.shrinking.end());
   mask.count_accepted = static_cast<int64_t>(accepted.size());
   if (accepted.size() * 32 > static_cast<size_t>(vocab.size())) {
     mask.accepted_bits.assign(TokenMaskWords(vocab.size()), 0);

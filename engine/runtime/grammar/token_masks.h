@@ -19,6 +19,7 @@
 
 #include <bitset>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/runtime/grammar/grammar.h"
@@ -39,9 +40,18 @@ struct NodeMask {
   // token budget without checking tokens one by one.
   int32_t max_growth = 0;
   int64_t count_accepted = 0;
+  // Accepted tokens whose growth is not zero, as {growth, id}: growing ones
+  // largest first, shrinking ones (a token that completes part of what is
+  // needed) smallest first. Near the end of a budget a mask takes the
+  // accepted set less the growing tokens that do not fit, or only the
+  // shrinking ones that do, instead of checking the vocabulary token by
+  // token.
+  std::vector<std::pair<int32_t, int32_t>> growing;
+  std::vector<std::pair<int32_t, int32_t>> shrinking;
 
   size_t MemoryBytes() const {
-    return accepted_bits.size() * 4 + (accepted_ids.size() + uncertain.size()) * 4;
+    return accepted_bits.size() * 4 + (accepted_ids.size() + uncertain.size()) * 4 +
+           (growing.size() + shrinking.size()) * 8;
   }
 };
 

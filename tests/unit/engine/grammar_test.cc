@@ -234,6 +234,57 @@ TEST(GrammarTest, MaskMatchesBruteForce) {
   }
 }
 
+// Near the end of a budget the mask keeps exactly the tokens after which
+// the shortest completion still fits (the accepted set less the tokens
+// growing past the slack), as a check of every token says.
+TEST(GrammarTest, BudgetMaskMatchesBruteForce) {
+  int eos = 0;
+  auto vocab = TestVocab(&eos);
+  const Json schema = Json::parse(R"({"type":"object","properties":{
+      "name":{"type":"string"},"tags":{"type":"array","items":{"enum":["a","bb"]}},
+      "x":{"anyOf":[{"type":"number"},{"type":"null"}]}},"required":["name","tags"]})");
+  auto compiled = Compile(JsonSchemaSpec(schema, true), vocab);
+  ASSERT_NE(compiled, nullptr);
+  const Grammar& g = compiled->grammar();
+  const std::string text = R"({"name": "he\n", "tags":["a","bb"], "x":null})";
+  ASSERT_TRUE(Accepts(g, text));
+  const int words = TokenMaskWords(vocab->size());
+  int compared = 0;
+  for (size_t pos = 0; pos < text.size(); ++pos) {
+    std::vector<int32_t> generated;
+    for (size_t i = 0; i < pos; ++i) generated.push_back(static_cast<uint8_t>(text[i]));
+    for (int remaining = 2; remaining < 40; ++remaining) {
+      GrammarMatcher matcher(compiled);
+      ASSERT_TRUE(matcher.Sync(generated));
+      std::vector<uint32_t> mask(words);
+      matcher.FillMask(remaining, vocab->eos_ids(), mask);
+      const int32_t limit = remaining - 2;
+      std::vector<bool> expect(vocab->size(), false);
+      bool any = false;
+      for (int id = 0; id < vocab->size(); ++id) {
+        if (vocab->bytes(id).empty()) continue;
+        StackArena arena(g);
+        StepOut state = StartState(g, arena), scratch;
+        ASSERT_TRUE(pos == 0 || AdvanceBytes(g, arena, text.substr(0, pos), state, scratch));
+        if (AdvanceBytes(g, arena, vocab->bytes(id), state, scratch) &&
+            MinToFinish(arena, state) <= limit) {
+          expect[id] = true;
+          any = true;
+        }
+      }
+      if (!any) continue;  // the mask drops the budget instead (tested elsewhere)
+      ++compared;
+      for (int id = 0; id < vocab->size(); ++id) {
+        if (id == eos) continue;
+        EXPECT_EQ(TokenAllowed(mask, id), expect[id])
+            << "at " << pos << " (\"" << text.substr(0, pos) << "\") remaining " << remaining
+            << " token \"" << vocab->bytes(id) << "\"";
+      }
+    }
+  }
+  EXPECT_GT(compared, 200);
+}
+
 // Sampling uniformly among allowed tokens always gives a complete output
 // within the token budget, however small (down to the shortest output).
 TEST(GrammarTest, RandomGenerationFinishesWithinBudget) {
@@ -248,7 +299,8 @@ TEST(GrammarTest, RandomGenerationFinishesWithinBudget) {
   std::mt19937 rng(7);
   const int words = TokenMaskWords(vocab->size());
   for (int trial = 0; trial < 60; ++trial) {
-    const int max_tokens = min_len + static_cast<int>(rng() % 80);
+    // The shortest output and its end-of-sequence, and up to 80 more.
+    const int max_tokens = min_len + 1 + static_cast<int>(rng() % 80);
     GrammarMatcher matcher(compiled);
     std::vector<int32_t> generated;
     std::string text;
@@ -279,7 +331,9 @@ TEST(GrammarTest, RandomGenerationFinishesWithinBudget) {
     const Json parsed = Json::parse(text, nullptr, false);
     ASSERT_FALSE(parsed.is_discarded()) << text;
     EXPECT_TRUE(parsed.contains("name") && parsed["name"].is_string()) << text;
-    (void)ended;
+    // One token is kept for the end: the reply stops rather than running
+    // into max_tokens.
+    EXPECT_TRUE(ended) << "trial " << trial << ": " << text;
   }
 }
 

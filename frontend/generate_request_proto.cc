@@ -145,7 +145,7 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
     case v1::GenerateRequest::INPUT_NOT_SET:
       break;
   }
-  out.add_bos = in.add_bos();
+  if (in.has_add_bos()) out.add_bos = in.add_bos();
   out.priority = in.priority();
 
   const v1::SamplingParams& s = in.sampling();

@@ -36,7 +36,7 @@ TEST(OpenAiParseTest, CompletionFieldsAndDefaults) {
   const Request& r = p->request;
   EXPECT_EQ(r.input, Request::Input::kText);
   EXPECT_EQ(r.text, "Hello");
-  EXPECT_TRUE(r.add_bos);
+  EXPECT_EQ(r.add_bos, true);
   EXPECT_EQ(r.sampling.max_tokens, 16);     // OpenAI's default
   EXPECT_EQ(r.sampling.temperature, 1.0f);  // OpenAI's default
   EXPECT_EQ(r.sampling.logprobs, -1);

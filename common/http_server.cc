@@ -29,7 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "common/memory.h"
 
 namespace pdserve::http {

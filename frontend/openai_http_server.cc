@@ -4,8 +4,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/http_server.h"
-#include "common/logging.h"
 #include "common/process_metrics.h"
 #include "frontend/errors.h"
 #include "frontend/openai_protocol.h"

@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "engine/runtime/sampler.h"
+#include "engine/types/sampling_params.h"
 
 namespace pdserve::frontend {
 

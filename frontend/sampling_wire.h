@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/runtime/finish.h"
 #include "engine/runtime/grammar/grammar_constraint.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/finish_reason.h"
+#include "engine/types/sampling_params.h"
 #include "pdserve/internal/v1/worker.pb.h"
 #include "pdserve/v1/generation.pb.h"
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/sampling_params.h"
 #include "frontend/request.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generation.pb.h"

@@ -1,5 +1,5 @@
 // Structured output on the device: the token mask a request's constraint
-// gives (engine/runtime/token_constraint.h: bit id % 32 of word id / 32)
+// gives (engine/types/token_constraint.h: bit id % 32 of word id / 32)
 // applied to its logits row, as engine::ApplyLogitsProcessors does on the
 // CPU: masked ids become -inf, so the sampler never draws them. The host
 // computes the masks from the requests' histories while the step's forward
@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -1,6 +1,6 @@
 // Structured output on the worker that samples: GrammarCompiler turns a
 // request's grammar spec (grammar_spec.h) into a TokenConstraint
-// (engine/runtime/token_constraint.h) over the model's vocabulary; the
+// (engine/types/token_constraint.h) over the model's vocabulary; the
 // sampler applies it. Compiled grammars are cached by spec text (a service
 // answering the same response_format again pays nothing), and each node's
 // token mask is computed once, on first use.
@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/runtime/grammar/grammar_matcher.h"
 #include "engine/runtime/grammar/token_vocabulary.h"
-#include "engine/runtime/token_constraint.h"
+#include "engine/types/token_constraint.h"
 
 namespace pdserve::engine::grammar {
 

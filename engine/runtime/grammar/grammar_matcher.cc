@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "engine/runtime/token_constraint.h"
+#include "engine/types/token_constraint.h"
 
 namespace pdserve::engine::grammar {
 

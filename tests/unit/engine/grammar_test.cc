@@ -11,7 +11,7 @@
 #include "engine/runtime/grammar/grammar_constraint.h"
 #include "engine/runtime/grammar/grammar_matcher.h"
 #include "engine/runtime/grammar/grammar_spec.h"
-#include "engine/runtime/token_constraint.h"
+#include "engine/types/token_constraint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

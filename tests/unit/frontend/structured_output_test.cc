@@ -11,6 +11,7 @@
 
 #include "engine/runtime/grammar/grammar_spec.h"
 #include "engine/runtime/grammar/tokenizer_vocabulary.h"
+#include "engine/runtime/sampler.h"
 #include "frontend/errors.h"
 #include "frontend/generate_request_proto.h"
 #include "frontend/openai_protocol.h"

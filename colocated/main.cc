@@ -7,21 +7,15 @@
 //   pdserve_colocated --model_dir=DIR [--port=0] [--http_port=0] [--metrics_port=0] [--threads=0]
 //
 // Flags are read here only and turned into options once.
-#include <unistd.h>
-
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/cli.h"
-#include "common/grpc_util.h"
-#include "common/logging.h"
-#include "common/metrics_server.h"
-#include "common/process.h"
-#include "common/process_metrics.h"
-#include "decode_worker/colocated_engine.h"
-#include "decode_worker/colocated_metrics.h"
-#include "decode_worker/colocated_orchestrator.h"
+#include "colocated/colocated_engine.h"
+#include "colocated/colocated_metrics.h"
+#include "colocated/colocated_orchestrator.h"
+#include "common/base/logging.h"
+#include "common/service/service_process.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/grammar/tokenizer_vocabulary.h"
 #include "engine/runtime/weight_dtype.h"
@@ -43,8 +37,8 @@ ABSL_FLAG(std::string, model_name, "",
           "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
           "component of --model_dir)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
-          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
-          "context length)");
+          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's context "
+          "length)");
 ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(std::string, worker_id, "colocated",
@@ -53,8 +47,8 @@ ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
 ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
           "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
-          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales), w8a8 (int8, and "
-          "activations rounded to int8 the same way)");
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales), w8a8 (int8, and activations "
+          "rounded to int8 the same way)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "Bytes of KV cache");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");
 ABSL_FLAG(int, num_kv_blocks, 0, "KV blocks (0: derive from --kv_cache_bytes)");
@@ -79,12 +73,20 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  ServiceProcess process(
+      {.name = "colocated server",
+       .host = host,
+       .metrics_port = absl::GetFlag(FLAGS_metrics_port),
+       .ready_file = absl::GetFlag(FLAGS_ready_file),
+       .log_level = absl::GetFlag(FLAGS_log_level),
+       .cluster_auth = false,  // no internal ports or channels
+       .drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms))});
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
   }
-  const std::string host = absl::GetFlag(FLAGS_host);
+  if (int code = process.Begin(); code != 0) return code;
   const engine::RunnerOptions runner_options{.model_dir = absl::GetFlag(FLAGS_model_dir),
                                              .backend = absl::GetFlag(FLAGS_backend),
                                              .kv_block_size = absl::GetFlag(FLAGS_kv_block_size),
@@ -106,14 +108,10 @@ int Main() {
     return 1;
   }
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  frontend::ClientMetrics client_metrics(*registry);
-  colocated::ColocatedMetrics engine_metrics(*registry);
-  RegisterBuildInfo(*registry, absl::GetFlag(FLAGS_backend),
-                    ModelNameOf(absl::GetFlag(FLAGS_model_dir)));
-  auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-  if (!metrics_server.ok()) {
-    PDSERVE_LOG(ERROR) << metrics_server.status();
+  frontend::ClientMetrics client_metrics(process.registry());
+  colocated::ColocatedMetrics engine_metrics(process.registry());
+  if (absl::Status s = process.StartMetrics(absl::GetFlag(FLAGS_backend), model_dir); !s.ok()) {
+    PDSERVE_LOG(ERROR) << s;
     return 1;
   }
 
@@ -141,13 +139,12 @@ int Main() {
           .server_kind = "server"},
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService service(&sessions);
-  auto grpc_server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, nullptr,
-                                     /*max_receive_message_bytes=*/-1);
-  if (!grpc_server.ok()) {
-    PDSERVE_LOG(ERROR) << grpc_server.status();
+  if (auto port = process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, nullptr,
+                                        /*max_receive_message_bytes=*/-1);
+      !port.ok()) {
+    PDSERVE_LOG(ERROR) << port.status();
     return 1;
   }
-  const std::string address = JoinHostPort(host, grpc_server->port);
   auto http_server = frontend::StartOpenAiHttpFromFlags(
       host, absl::GetFlag(FLAGS_http_port), absl::GetFlag(FLAGS_model_name), model_dir,
       max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser));
@@ -156,34 +153,24 @@ int Main() {
     return 1;
   }
   const int http_port = *http_server ? (*http_server)->port() : -1;
-  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
-                {{"http_port", absl::StrCat(http_port)}});
-  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " colocated server on " << address
-                    << ", HTTP on port " << http_port << ", metrics on port "
-                    << (*metrics_server)->port() << ", " << (*runner)->num_kv_blocks()
-                    << " KV blocks";
-
-  const int sig = WaitForShutdownSignal();
-  PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
-  sessions.SetDraining(true);
-  SetServing(*grpc_server->server, false);
-  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
-                [&] { return sessions.in_flight() == 0; });
-  // Both servers end the requests still open and wait for their handlers,
-  // which release the engine's streams before the engine goes.
-  http_server->reset();
-  grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  engine.reset();
-  PDSERVE_LOG(INFO) << "colocated server stopped";
-  return 0;
+  process.AnnounceReady(
+      {{"http_port", absl::StrCat(http_port)}},
+      absl::StrCat("on ", process.address(), ", HTTP on port ", http_port, ", metrics on port ",
+                   process.metrics_port(), ", ", (*runner)->num_kv_blocks(), " KV blocks"));
+  return process.ServeUntilSignal(
+      {.refuse = [&sessions] { sessions.SetDraining(true); },
+       .idle = [&sessions] { return sessions.in_flight() == 0; },
+       // Both servers end the requests still open and wait for their
+       // handlers, which release the engine's streams before the engine goes.
+       .close = [&http_server] { http_server->reset(); },
+       .after = [&engine] { engine.reset(); }});
 }
 
 }  // namespace
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
-  pdserve::BlockShutdownSignals();
-  pdserve::ParseFlags(
+  pdserve::StartProcess(
       argc, argv,
       "Prefill and decode in one process behind the Generate API (the serving benchmark baseline)",
       __FILE__);

@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "absl/status/statusor.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

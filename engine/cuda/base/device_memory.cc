@@ -1,8 +1,8 @@
 // Owned CUDA allocations (see device_memory.h).
-#include "engine/cuda/device_memory.h"
+#include "engine/cuda/base/device_memory.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 
 namespace pdserve::cuda {
 

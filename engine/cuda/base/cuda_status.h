@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -14,15 +14,17 @@
 // fit waits for blocks. With prefix caching, a prompt starts after its
 // longest cached prefix.
 //
-// Threads: one engine thread plans, runs and applies steps; gRPC handler
-// threads Submit, read their stream and Cancel. `mu_` guards the scheduler
-// and the stream table.
+// The step loop is the EngineCore's (engine/core/engine_core.h); this class
+// is the colocated role's policy over it.
+//
+// Threads: the core's engine thread plans, runs and applies steps; gRPC
+// handler threads Submit, read their stream and Cancel. The core's lock
+// guards the scheduler and the stream table.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -31,8 +33,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/output_queue.h"
-#include "decode_worker/colocated_metrics.h"
+#include "colocated/colocated_metrics.h"
+#include "common/base/output_queue.h"
+#include "engine/core/engine_core.h"
 #include "engine/runtime/finish.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
@@ -49,6 +52,9 @@ struct ColocatedRequest {
 // One message for the request's stream.
 struct ColocatedOutput {
   std::vector<int32_t> tokens;  // generated since the previous output (the first token included)
+  // One per token, with its log-probabilities, when the request asked for
+  // them (sampling.logprobs >= 0).
+  std::vector<engine::SampledToken> logprobs;
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   double queue_seconds = 0;  // submit to prefill start; set with the first token
@@ -85,11 +91,11 @@ struct ColocatedLoad {
   int total_blocks = 0;
 };
 
-class ColocatedEngine {
+class ColocatedEngine : private engine::EnginePolicy {
  public:
   // `runner` and `metrics` must outlive the engine.
   ColocatedEngine(ColocatedOptions options, engine::ModelRunner* runner, ColocatedMetrics* metrics);
-  ~ColocatedEngine();  // fails everything still queued or running and joins the loop
+  ~ColocatedEngine() override;  // fails everything still queued or running and joins the loop
 
   // Validates the request and queues it. INVALID_ARGUMENT for bad input or a
   // request larger than the whole KV cache, RESOURCE_EXHAUSTED when the
@@ -107,22 +113,25 @@ class ColocatedEngine {
     absl::Time submitted;
     double queue_seconds = 0;  // submit to admission; sent with the first token
     bool first_sent = false;
+    bool logprobs = false;  // the request asked for log-probabilities
   };
 
-  void Loop();
-  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  class Step;
+  // EnginePolicy (on the engine thread, under the core's lock).
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
+  void UpdateGauges() override { UpdateGaugesLocked(); }
+  void UpdateGaugesLocked();
 
   const ColocatedOptions options_;
   engine::ModelRunner* const runner_;
   ColocatedMetrics* const metrics_;
 
-  mutable absl::Mutex mu_;
-  engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // work arrived since the last plan
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: runs Loop() over everything above
+  // Guarded by the core's lock.
+  std::unordered_map<engine::SeqId, Entry> entries_;
+  engine::SeqId next_seq_ = 1;
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
 }  // namespace pdserve::colocated

@@ -1,4 +1,4 @@
-#include "common/cli.h"
+#include "common/base/cli.h"
 
 #include <algorithm>
 #include <cstdlib>

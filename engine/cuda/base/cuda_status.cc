@@ -1,5 +1,5 @@
 // CUDA and cuBLAS errors as absl::Status; see cuda_status.h.
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "decode_worker/colocated_metrics.h"
+#include "colocated/colocated_metrics.h"
 
 #include "common/metrics_server.h"
 #include "common/scheduler_metrics.h"

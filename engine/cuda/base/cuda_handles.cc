@@ -1,7 +1,7 @@
 // Owned CUDA handles (see cuda_handles.h).
-#include "engine/cuda/cuda_handles.h"
+#include "engine/cuda/base/cuda_handles.h"
 
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 
 namespace pdserve::cuda {
 

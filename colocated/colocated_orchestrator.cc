@@ -1,4 +1,4 @@
-#include "decode_worker/colocated_orchestrator.h"
+#include "colocated/colocated_orchestrator.h"
 
 #include <atomic>
 
@@ -28,6 +28,7 @@ class ColocatedGeneration final : public frontend::Generation {
       }
       frontend::GenerationEvent event;
       event.tokens = std::move(output.tokens);
+      event.logprobs = std::move(output.logprobs);
       if (first_ && !event.tokens.empty()) {
         first_ = false;
         event.queue_seconds = output.queue_seconds;
@@ -67,10 +68,6 @@ ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::strin
 
 absl::StatusOr<std::unique_ptr<frontend::Generation>> ColocatedOrchestrator::Start(
     frontend::GenerationJob job) {
-  if (job.sampling.logprobs >= 0) {
-    return frontend::WithRejectReason(
-        absl::UnimplementedError("pdserve_colocated does not return logprobs"), "invalid_argument");
-  }
   if (!job.sampling.grammar_spec.empty()) {
     if (grammars_ == nullptr) {
       return frontend::WithRejectReason(

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "decode_worker/colocated_engine.h"
+#include "colocated/colocated_engine.h"
 #include "engine/runtime/grammar/grammar_constraint.h"
 #include "frontend/orchestrator.h"
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -99,7 +99,9 @@ class ToolCallsTest : public ::testing::Test {
         EXPECT_EQ(call["valid"], true) << where;
         EXPECT_EQ(call["type"], "function") << where;
         EXPECT_TRUE(absl::StartsWith(call["id"].get<std::string>(), "call_")) << where;
-        if (loop["choice"].is_object()) EXPECT_EQ(call["name"], "get_time") << where;
+        if (loop["choice"].is_object()) {
+          EXPECT_EQ(call["name"], "get_time") << where;
+        }
       }
       if (loop["stream"] == true && streamed_arguments) {
         // Arguments arrive in pieces as they are generated.

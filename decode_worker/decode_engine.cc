@@ -28,7 +28,8 @@ class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
 };
 
 DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
-                           kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics)
+                           kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics,
+                           std::unique_ptr<engine::spec::SpecDecoder> spec)
     : options_(options),
       runner_(runner),
       receiver_(receiver),
@@ -42,7 +43,8 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
                            .max_prefill_chunk_tokens = std::max(options.recompute_chunk_tokens, 1)},
                   .enable_prefix_caching = options.enable_prefix_caching,
                   .kv_headroom_tokens = options.kv_headroom_tokens},
-                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()) {
+                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()),
+      spec_(std::move(spec)) {
   {
     absl::MutexLock lock(&mu_);
     UpdateGaugesLocked();
@@ -242,6 +244,11 @@ void DecodeEngine::Loop() {
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       const absl::Time plan_start = absl::Now();
+      if (spec_ != nullptr) {
+        if (absl::Status s = spec_->ProposeFor(scheduler_); !s.ok()) {
+          PDSERVE_LOG(WARNING) << "speculative proposals failed: " << s;
+        }
+      }
       step = scheduler_.Schedule();
       metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - plan_start));
       metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
@@ -289,7 +296,12 @@ void DecodeEngine::Loop() {
       ++failed_steps_in_a_row_;
       last_step_error_ = std::string(output.status().message());
     }
-    for (const engine::SequenceUpdate& u : scheduler_.Complete(step, output)) {
+    const std::vector<engine::SequenceUpdate> updates = scheduler_.Complete(step, output);
+    if (spec_ != nullptr) {
+      const engine::spec::SpecStepStats stats = spec_->Observe(updates);
+      metrics_->spec.Record(stats.proposed, stats.accepted_lengths);
+    }
+    for (const engine::SequenceUpdate& u : updates) {
       auto it = entries_.find(u.id);
       if (it == entries_.end()) continue;
       Entry& entry = it->second;
@@ -304,11 +316,17 @@ void DecodeEngine::Loop() {
         continue;
       }
       if (!u.token.has_value()) continue;
-      metrics_->generation_tokens.Increment();
-      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - entry.last_token_time));
+      // A verification's tokens arrive together: each counts its share of the gap.
+      const int num_tokens = 1 + static_cast<int>(u.more_tokens.size());
+      metrics_->generation_tokens.Increment(num_tokens);
+      for (int i = 0; i < num_tokens; ++i) {
+        metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - entry.last_token_time) /
+                                              num_tokens);
+      }
       entry.last_token_time = end;
-      ++entry.num_generated;
+      entry.num_generated += num_tokens;
       DecodeOutput out{.tokens = {*u.token}};
+      out.tokens.insert(out.tokens.end(), u.more_tokens.begin(), u.more_tokens.end());
       if (u.finish != engine::FinishReason::kNone) {
         out.finished = true;
         out.finish_reason = u.finish;

@@ -36,6 +36,7 @@
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/spec/spec_decoder.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::decode {
@@ -109,9 +110,11 @@ struct DecodeLoad {
 
 class DecodeEngine {
  public:
-  // `runner`, `receiver` and `metrics` must outlive the engine.
+  // `runner`, `receiver` and `metrics` must outlive the engine. `spec`:
+  // speculative decoding (engine/spec/spec_decoder.h), or null.
   DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
-               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
+               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics,
+               std::unique_ptr<engine::spec::SpecDecoder> spec = nullptr);
   ~DecodeEngine();  // cancels everything and joins the engine thread
 
   // Validates the request, reserves blocks for the prompt plus the headroom
@@ -154,6 +157,7 @@ class DecodeEngine {
 
   mutable absl::Mutex mu_;
   engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<engine::spec::SpecDecoder> spec_ ABSL_PT_GUARDED_BY(mu_);
   std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
   engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,0 +1,32 @@
+// Speculative decoding from a worker's flags: see spec_factory.h.
+#include "engine/spec/spec_factory.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pdserve::engine::spec {
+
+absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,
+                                                               const ModelRunner& target) {
+  if (config.method == SpecMethod::kOff) return nullptr;
+  if (config.num_speculative_tokens < 1 || config.num_speculative_tokens > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_speculative_tokens must be in [1, 16], got ", config.num_speculative_tokens));
+  }
+  const SpecOptions options{.num_speculative_tokens = config.num_speculative_tokens,
+                            .adaptive = config.adaptive};
+  switch (config.method) {
+    case SpecMethod::kOff:
+      return nullptr;
+    case SpecMethod::kNgram:
+      if (config.ngram.min_n < 1 || config.ngram.max_n < config.ngram.min_n) {
+        return absl::InvalidArgumentError(absl::StrCat("n-gram range [", config.ngram.min_n, ", ",
+                                                       config.ngram.max_n, "] is empty"));
+      }
+      return std::make_unique<SpecDecoder>(options, std::make_unique<NgramProposer>(config.ngram));
+    case SpecMethod::kDraft:
+      return absl::UnimplementedError("draft");
+  }
+  return absl::InvalidArgumentError("unknown speculative method");
+}
+
+}  // namespace pdserve::engine::spec

@@ -2,6 +2,8 @@
 #include "engine/spec/spec_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/runner_factory.h"
+#include "engine/spec/draft_proposer.h"
 
 namespace pdserve::engine::spec {
 
@@ -23,8 +25,26 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
                                                        config.ngram.max_n, "] is empty"));
       }
       return std::make_unique<SpecDecoder>(options, std::make_unique<NgramProposer>(config.ngram));
-    case SpecMethod::kDraft:
-      return absl::UnimplementedError("draft");
+    case SpecMethod::kDraft: {
+      if (config.draft_model_dir.empty()) {
+        return absl::InvalidArgumentError("--speculative=draft needs --draft_model_dir");
+      }
+      absl::StatusOr<std::unique_ptr<ModelRunner>> draft =
+          CreateModelRunner({.model_dir = config.draft_model_dir,
+                             .backend = config.backend,
+                             .kv_block_size = target.kv_block_size(),
+                             .num_kv_blocks = config.draft_kv_blocks > 0 ? config.draft_kv_blocks
+                                                                         : target.num_kv_blocks(),
+                             .num_threads = config.num_threads});
+      if (!draft.ok()) {
+        return absl::Status(draft.status().code(),
+                            absl::StrCat("draft model: ", draft.status().message()));
+      }
+      absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
+          DraftProposer::Create(*std::move(draft), target.config());
+      if (!proposer.ok()) return proposer.status();
+      return std::make_unique<SpecDecoder>(options, *std::move(proposer));
+    }
   }
   return absl::InvalidArgumentError("unknown speculative method");
 }

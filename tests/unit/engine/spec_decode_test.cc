@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/runner_factory.h"
+#include "engine/spec/draft_proposer.h"
 #include "engine/spec/ngram_proposer.h"
 #include "engine/spec/spec_decoder.h"
 #include "gtest/gtest.h"
@@ -175,6 +176,37 @@ TEST_P(SpecDecodeTest, PreemptionAndPrefixCachingTokenIdentical) {
   EXPECT_EQ(plain.finish, spec.finish);
   EXPECT_GT(spec.accepted, 0);
   EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
+}
+
+// A draft model: the target itself (its proposals nearly always stand) and
+// another model of the same vocabulary (they mostly fall): greedy output is
+// token-identical, and the draft's cache holds nothing once every sequence
+// finished.
+TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
+  auto runner = NewRunner();
+  const std::string other = testing_models::WriteTinyModel(config_, 99, GetParam().dtype,
+                                                           "spec_other_" + GetParam().name);
+  SamplingParams greedy;
+  greedy.ignore_eos = true;
+  const std::vector<RunRequest> reqs = Requests(greedy);
+  const RunResult plain = RunToCompletion(*runner, reqs, nullptr);
+  for (const std::string& draft_dir : {dir_, other}) {
+    SCOPED_TRACE(draft_dir);
+    auto draft = CreateModelRunner(
+        {.model_dir = draft_dir, .kv_block_size = 4, .num_kv_blocks = 96, .num_threads = 1});
+    ASSERT_TRUE(draft.ok()) << draft.status();
+    auto proposer = spec::DraftProposer::Create(*std::move(draft), config_);
+    ASSERT_TRUE(proposer.ok()) << proposer.status();
+    const spec::DraftProposer* p = proposer->get();
+    spec::SpecDecoder decoder({.num_speculative_tokens = 3}, *std::move(proposer));
+    const RunResult spec = RunToCompletion(*runner, reqs, &decoder);
+    EXPECT_EQ(plain.tokens, spec.tokens);
+    EXPECT_EQ(plain.finish, spec.finish);
+    EXPECT_GT(spec.proposed, 0);
+    if (draft_dir == dir_) EXPECT_GT(spec.accepted, spec.proposed * 8 / 10);
+    EXPECT_EQ(p->num_sequences(), 0u);
+    EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecDecodeTest, testing::ValuesIn(testing_models::AllArchCases()),

@@ -34,9 +34,9 @@ struct RunResult {
 // whole cache; `spec` may be null (no speculation).
 inline RunResult RunToCompletion(ModelRunner& runner, const std::vector<RunRequest>& requests,
                                  spec::SpecDecoder* spec, bool prefix_caching = false,
-                                 int kv_headroom_tokens = 4) {
+                                 int kv_headroom_tokens = 4, int max_num_seqs = 16) {
   Scheduler scheduler({.role = SchedulerRole::kColocated,
-                       .plan = {.max_num_seqs = 16, .max_batch_tokens = 256},
+                       .plan = {.max_num_seqs = max_num_seqs, .max_batch_tokens = 512},
                        .enable_prefix_caching = prefix_caching,
                        .kv_headroom_tokens = kv_headroom_tokens},
                       runner.config(), runner.num_kv_blocks(), runner.kv_block_size());

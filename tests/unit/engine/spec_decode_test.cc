@@ -13,6 +13,7 @@
 #include "engine/spec/draft_proposer.h"
 #include "engine/spec/ngram_proposer.h"
 #include "engine/spec/spec_decoder.h"
+#include "engine/spec/spec_factory.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/arch_models.h"
 #include "tests/unit/engine/spec_test_util.h"
@@ -207,6 +208,41 @@ TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
     EXPECT_EQ(p->num_sequences(), 0u);
     EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
   }
+}
+
+// What the worker's flags build: off is nothing, bad k or a missing draft
+// directory are refused, a draft of another vocabulary is refused naming
+// the tokenizer, a draft of the same one is used.
+TEST(SpecFactoryTest, ChecksTheConfiguration) {
+  const ModelConfig config = testing_models::TinyGqaConfig();
+  const std::string dir = testing_models::WriteTinyModel(config, 3, "f32", "spec_factory_target");
+  ModelConfig other_vocab = config;
+  other_vocab.vocab_size = 64;
+  const std::string other =
+      testing_models::WriteTinyModel(other_vocab, 4, "f32", "spec_factory_other");
+  auto target = CreateModelRunner({.model_dir = dir, .kv_block_size = 4, .num_kv_blocks = 8});
+  ASSERT_TRUE(target.ok()) << target.status();
+  using spec::SpecMethod;
+  EXPECT_EQ(*spec::CreateSpecDecoder({.method = SpecMethod::kOff}, **target), nullptr);
+  EXPECT_EQ(
+      spec::CreateSpecDecoder({.method = SpecMethod::kNgram, .num_speculative_tokens = 0}, **target)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec::CreateSpecDecoder({.method = SpecMethod::kDraft}, **target).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> mismatch =
+      spec::CreateSpecDecoder({.method = SpecMethod::kDraft, .draft_model_dir = other}, **target);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find("tokenizer"), std::string::npos) << mismatch.status();
+  absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> draft = spec::CreateSpecDecoder(
+      {.method = SpecMethod::kDraft, .draft_model_dir = dir, .num_threads = 1}, **target);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  EXPECT_EQ((*draft)->proposer().name(), "draft");
+  absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> ngram =
+      spec::CreateSpecDecoder({.method = SpecMethod::kNgram}, **target);
+  ASSERT_TRUE(ngram.ok()) << ngram.status();
+  EXPECT_EQ((*ngram)->proposer().name(), "ngram");
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecDecodeTest, testing::ValuesIn(testing_models::AllArchCases()),

@@ -77,6 +77,9 @@ ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=dr
 ABSL_FLAG(bool, speculative_adaptive, true,
           "Each sequence's proposal length follows its acceptance, and a sequence whose "
           "acceptance is low stops proposing for a while");
+ABSL_FLAG(int, speculative_max_batch, 4,
+          "No proposals in a step with more decoding sequences than this (0: no limit): at "
+          "larger batches a step is compute-bound and verification costs about 1 + k plain steps");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -147,6 +150,7 @@ int Main() {
       {.method = *spec_method,
        .num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens),
        .adaptive = absl::GetFlag(FLAGS_speculative_adaptive),
+       .max_batch = absl::GetFlag(FLAGS_speculative_max_batch),
        .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),
        .backend = runner_options.backend,
        .num_threads = runner_options.num_threads},

@@ -54,7 +54,11 @@ absl::Status SpecDecoder::ProposeFor(Scheduler& scheduler) {
   });
   const int max_context = scheduler.config().max_position_embeddings;
   requests_.clear();
-  for (SeqId id : scheduler.DecodingSequences()) {
+  const std::vector<SeqId> decoding = scheduler.DecodingSequences();
+  if (options_.max_batch > 0 && static_cast<int>(decoding.size()) > options_.max_batch) {
+    return absl::OkStatus();
+  }
+  for (SeqId id : decoding) {
     const Scheduler::Sequence& seq = *scheduler.Find(id);
     SeqState& state = StateOf(id);
     if (state.cooldown_left > 0) {

@@ -5,6 +5,8 @@
 // this class counts what was proposed and accepted and adapts each
 // sequence's k.
 //
+// Large batches (max_batch) propose nothing: see SpecOptions.
+//
 // Back-off (per sequence, so a sequence's proposals depend only on its own
 // history): k grows by one after a verification whose proposals all stood
 // and falls to one more than the accepted count otherwise; when the
@@ -44,6 +46,11 @@ struct SpecOptions {
   double acceptance_smoothing = 0.3;  // weight of the newest verification
   int min_cooldown_steps = 8;
   int max_cooldown_steps = 256;
+  // No proposals in a step with more decoding sequences than this (0: no
+  // limit): a large batch makes the step compute-bound, where verifying 1 + k
+  // rows per sequence costs about 1 + k times the plain step however many
+  // proposals stand.
+  int max_batch = 0;
 };
 
 // What one step's verifications did.

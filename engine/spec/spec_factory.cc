@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
         "num_speculative_tokens must be in [1, 16], got ", config.num_speculative_tokens));
   }
   const SpecOptions options{.num_speculative_tokens = config.num_speculative_tokens,
-                            .adaptive = config.adaptive};
+                            .adaptive = config.adaptive,
+                            .max_batch = config.max_batch};
   switch (config.method) {
     case SpecMethod::kOff:
       return nullptr;

@@ -17,6 +17,7 @@ struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;
   int num_speculative_tokens = 4;  // k, in [1, 16]
   bool adaptive = true;            // SpecOptions::adaptive
+  int max_batch = 0;               // SpecOptions::max_batch
   NgramOptions ngram;
   // kDraft: a smaller model of the target's vocabulary, run on the target's
   // backend with its own KV cache of draft_kv_blocks blocks.

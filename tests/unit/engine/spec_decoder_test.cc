@@ -138,6 +138,30 @@ TEST(SpecDecoderTest, LowAcceptanceCoolsDownLongerEachTime) {
   EXPECT_EQ(steps_until_proposal(), 3);
 }
 
+TEST(SpecDecoderTest, LargeBatchesProposeNothing) {
+  DecodingScheduler s(/*max_tokens=*/20);  // one decoding sequence
+  auto proposer = std::make_unique<FixedProposer>();
+  FixedProposer* p = proposer.get();
+  SpecDecoder limited({.num_speculative_tokens = 2, .max_batch = 1}, std::move(proposer));
+  ASSERT_TRUE(limited.ProposeFor(s.scheduler()).ok());
+  EXPECT_EQ(p->seen.size(), 1u);  // 1 <= max_batch
+  auto none = std::make_unique<FixedProposer>();
+  FixedProposer* q = none.get();
+  SpecDecoder zero({.num_speculative_tokens = 2, .max_batch = 1}, std::move(none));
+  DecodingScheduler two(/*max_tokens=*/20);
+  SamplingParams params;
+  params.max_tokens = 20;
+  ASSERT_TRUE(two.scheduler().AddPrompt(2, {1, 2}, params).ok());
+  ScheduledStep step = two.scheduler().Schedule();
+  StepOutput out;
+  out.sampled.resize(step.ids.size());
+  for (SampledToken& t : out.sampled) t.token = 3;
+  two.scheduler().Complete(step, out);
+  ASSERT_EQ(two.scheduler().DecodingSequences().size(), 2u);
+  ASSERT_TRUE(zero.ProposeFor(two.scheduler()).ok());
+  EXPECT_TRUE(q->seen.empty());  // 2 > max_batch
+}
+
 TEST(SpecDecoderTest, TooManyProposedTokensAreRefused) {
   DecodingScheduler s(/*max_tokens=*/20);
   auto proposer = std::make_unique<FixedProposer>();

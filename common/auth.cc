@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 
 ABSL_FLAG(std::string, cluster_token_file, "",
           "File holding the cluster token that internal calls (worker registration, prefill, "

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "engine/kvcache/kv_cache_manager.h"
 
 namespace pdserve::router {

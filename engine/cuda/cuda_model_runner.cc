@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "engine/cuda/kv_cache.cuh"
 #include "engine/cuda/row_plan.h"
 #include "engine/cuda/step_sampling.h"

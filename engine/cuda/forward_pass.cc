@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/cuda/base/cuda_status.h"
+#include "engine/cuda/base/device_memory.h"
 #include "engine/cuda/bias_add.cuh"
 #include "engine/cuda/convert.cuh"
-#include "engine/cuda/cuda_status.h"
 #include "engine/cuda/decode_attention.cuh"
-#include "engine/cuda/device_memory.h"
 #include "engine/cuda/embedding.cuh"
 #include "engine/cuda/head_norm.cuh"
 #include "engine/cuda/kv_cache.cuh"

@@ -310,7 +310,11 @@ ScheduledStep Scheduler::Schedule() {
     admit_blocks += input.waiting.back().admit_blocks;
     if (admit_blocks > input.free_blocks) break;
   }
-  const StepPlan plan = PlanStep(input, options_.plan);
+  PlanOptions plan_options = options_.plan;
+  if (step_token_limit_ > 0) {
+    plan_options.max_batch_tokens = std::min(plan_options.max_batch_tokens, step_token_limit_);
+  }
+  const StepPlan plan = PlanStep(input, plan_options);
 
   ScheduledStep step;
   for (SeqId id : plan.too_large) {

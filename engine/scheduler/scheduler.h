@@ -192,6 +192,9 @@ class Scheduler {
   // decoding; INVALID_ARGUMENT for out-of-range tokens or a bad size.
   absl::Status SetProposal(SeqId id, std::vector<int32_t> tokens, std::vector<float> probs = {});
 
+  // Caps the new tokens of the steps planned from now on below the options'
+  // max_batch_tokens (a step bounded in time on a slow device); 0 lifts it.
+  void set_step_token_limit(int tokens) { step_token_limit_ = tokens; }
   // Plans the next step and takes its blocks. Empty when nothing can run.
   ScheduledStep Schedule();
   // Applies a finished step (its result, or the error that failed it).
@@ -238,6 +241,7 @@ class Scheduler {
                             SequenceUpdate& u);
 
   const SchedulerOptions options_;
+  int step_token_limit_ = 0;
   const ModelConfig& config_;
   KvCacheManager kv_;
   // Node-based: pointers and spans into a Sequence stay valid until it is

@@ -16,7 +16,8 @@
 // with k = 1. Verifying poor proposals costs compute a step at a large batch
 // cannot spare; proposing nothing costs nothing.
 //
-// Usage, on the engine thread under the engine's lock:
+// Usage, on the engine thread under the engine's lock (the decode role:
+// EnginePolicy::BeforePlan and its step's Apply, engine/core/engine_core.h):
 //   decoder.ProposeFor(scheduler); step = scheduler.Schedule(); ... run ...
 //   updates = scheduler.Complete(step, output); decoder.Observe(updates);
 #pragma once

@@ -482,10 +482,10 @@ TEST_F(FaultTest, HeartbeatsGoOnWhileAWorkerComputes) {
   std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < 2; ++i) {
     streams.push_back(std::make_unique<Stream>(
-        *stub, Request(Prompt(3000, 80 + i), Seeded(800 + i, 4)), absl::Seconds(50)));
+        *stub, Request(Prompt(3000, 80 + i), Seeded(800 + i, 4)), absl::Seconds(240)));
   }
   for (auto& s : streams) {
-    ASSERT_TRUE(s->Wait(absl::Seconds(50)));
+    ASSERT_TRUE(s->Wait(absl::Seconds(240)));  // generous: a busy machine computes slowly
     EXPECT_TRUE(s->status().ok()) << s->status().error_message();
   }
   // Some step outlasted the ttl (the mean of the steps did).

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "absl/time/clock.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "common/grpc_util.h"
 #include "common/process_metrics.h"
 #include "gtest/gtest.h"
@@ -146,9 +146,9 @@ TEST(MetricsServerTest, EveryConnectionServesOneRequestAndCloses) {
   EXPECT_TRUE(closed) << "the server kept the connection open";
 }
 
-// cpp-httplib waits for an idle connection's next request before its server
-// can stop; a connection that sends nothing is dropped after 1 s, so the
-// server stops promptly even then (before: 5 s).
+// The server stops promptly with a connection open that sent nothing
+// (cpp-httplib, used before, waited for an idle connection's next request:
+// 5 s, later 1 s).
 TEST(MetricsServerTest, StopsPromptlyWithAnIdleConnectionOpen) {
   auto registry = std::make_shared<prometheus::Registry>();
   auto server = MetricsServer::Start(registry, "127.0.0.1", 0);

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/cuda/cuda_handles.h"
+#include "engine/cuda/base/cuda_handles.h"
 #include "engine/cuda/cuda_model_runner.h"
 #include "engine/cuda/cuda_peaks.h"
 #include "engine/device_peaks.h"

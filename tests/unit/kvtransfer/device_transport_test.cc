@@ -115,7 +115,8 @@ class DeviceTransportTest : public cuda::testing::GpuTest,
     sender_ = std::move(*sender);
   }
   void TearDown() override {
-    if (!IsSkipped()) {
+    // A SetUp that failed (no device where one is required) built nothing.
+    if (!IsSkipped() && src_ != nullptr && dst_ != nullptr) {
       sender_.reset();
       receiver_.reset();
       // Nothing leaked on either side.
@@ -534,7 +535,7 @@ class DeviceTransportFaultTest : public cuda::testing::GpuTest {
     sender_ = std::move(*sender);
   }
   void TearDown() override {
-    if (!IsSkipped()) {
+    if (!IsSkipped() && src_ != nullptr) {  // else SetUp failed before building it
       sender_.reset();
       EXPECT_EQ(src_->blocks_in_use(), 0);
     }

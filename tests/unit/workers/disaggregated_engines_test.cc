@@ -683,6 +683,35 @@ TEST_P(SpeculativeDecodeTest, StreamsAreTheTokensOfPlainDecoding) {
 
 INSTANTIATE_TEST_SUITE_P(Temperature, SpeculativeDecodeTest, ::testing::Values(0.0f, 0.1f));
 
+// A prompt that waits for blocks KV sends hold starts as soon as a send is
+// done and frees them (the loop is woken by the release), never at a later
+// poll of the engine loop.
+TEST_F(DisaggregatedEnginesTest, APromptWaitingForBlocksStartsWhenASendFreesThem) {
+  auto decode = MakeDecode();
+  // 4 blocks of 16: the first prompt holds all of them until its KV is read.
+  auto small_runner = Runner(model_, 4);
+  auto prefill = MakePrefill(small_runner.get());
+  const engine::SamplingParams params{.max_tokens = 4, .ignore_eos = true};
+  const std::vector<int32_t> first(60, 21);
+  const std::vector<int32_t> second(30, 22);
+  auto first_stream = decode->Admit({.prompt = first, .sampling = params});
+  auto second_stream = decode->Admit({.prompt = second, .sampling = params});
+  ASSERT_TRUE(first_stream.ok() && second_stream.ok());
+  auto first_ticket = prefill->Submit(
+      {.prompt = first, .sampling = params, .kv_session = Session(*prefill, 60, **first_stream)});
+  auto second_ticket = prefill->Submit(
+      {.prompt = second, .sampling = params, .kv_session = Session(*prefill, 30, **second_stream)});
+  ASSERT_TRUE(first_ticket.ok() && second_ticket.ok());
+  ASSERT_TRUE(Await(**first_ticket).ok());
+  ASSERT_TRUE(Await(**second_ticket).ok());
+  EXPECT_TRUE(Drain(**first_stream).finished);
+  EXPECT_TRUE(Drain(**second_stream).finished);
+  // Every plan that found work was started by an event (an arrival, a step's
+  // end, blocks freed), none by the idle poll.
+  EXPECT_EQ(prefill->wake_stats().poll_found_work, 0u);
+  EXPECT_GE(prefill->wake_stats().event_wakeups, 1u);
+}
+
 // A runner that lets steps start only as the test allows.
 class GatedRunner final : public engine::ModelRunner {
  public:

@@ -97,7 +97,7 @@ struct StepSequence {
   // Verification (speculative decoding): the step returns the raw logits of
   // the last `num_verify_rows` positions of `tokens` in
   // StepOutput::verify_logits, and the caller samples from them
-  // (engine/spec/verifier.h). 0: none. At most tokens.size(); a verifying
+  // (engine/spec/rejection_sampler.h). 0: none. At most tokens.size(); a verifying
   // sequence does not sample (sampling must be null).
   int num_verify_rows = 0;
 };

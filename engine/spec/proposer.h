@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "engine/kvcache/kv_cache_manager.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/sampling_params.h"
 
 namespace pdserve::engine::spec {
 

@@ -8,6 +8,7 @@
 #include "common/base/cli.h"
 #include "common/base/logging.h"
 #include "common/base/process.h"
+#include "common/service/auth_flags.h"
 #include "common/process_metrics.h"
 #include "common/ready_file.h"
 

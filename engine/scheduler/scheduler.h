@@ -134,7 +134,7 @@ class Scheduler {
     // Prefix caching: chained hashes of the first full blocks of `tokens`
     // (extended as needed), how many of this admission's blocks carry their
     // hash, and the cached prompt tokens seen when it was added.
-    std::vector<uint64_t> block_hashes;
+    std::vector<BlockHash> block_hashes;
     int committed_blocks = 0;
     int cached_when_added = 0;
     // Speculative decoding: tokens proposed to follow `tokens` (and the
@@ -231,7 +231,7 @@ class Scheduler {
   int FullReserveTokens(int prompt_len, int known_tokens, const SamplingParams& sampling) const;
   // Prefix caching: the hashes admission looks up (full blocks before the
   // last known token), and committing the hashes of computed full blocks.
-  std::span<const uint64_t> LookupHashes(Sequence& seq);
+  std::span<const BlockHash> LookupHashes(Sequence& seq);
   void EnsureHashes(Sequence& seq, int num_blocks);
   void CommitComputed(Sequence& seq);
   bool IsDecoding(const Sequence& seq) const;

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -318,6 +319,12 @@ bool Connection::ReadableNow() {
     r = ::poll(&p, 1, 0);
   } while (r < 0 && errno == EINTR);
   return r > 0;
+}
+
+size_t Connection::UnreadBytes() {
+  int n = 0;
+  if (::ioctl(fd_, FIONREAD, &n) != 0 || n < 0) return 0;
+  return static_cast<size_t>(n);
 }
 
 bool Connection::ClosedByPeerNow() {

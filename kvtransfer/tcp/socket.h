@@ -80,6 +80,8 @@ class Connection {
   absl::StatusOr<bool> WaitReadable(absl::Time deadline, const WakeFd* wake);
   // True if a read would not block right now (data, EOF or an error pending).
   bool ReadableNow();
+  // Bytes received and not read yet (0 on an error); never blocks.
+  size_t UnreadBytes();
   // True if the peer closed (or the connection broke) with no data left to
   // read; never blocks.
   bool ClosedByPeerNow();

@@ -438,10 +438,13 @@ void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn, absl::Ti
     absl::MutexLock l(&mu_);
     if (stopping_) return;
     const uint64_t slot = next_slot_++;
-    // A connection with handshake bytes waiting is about to authenticate.
+    // A connection with a whole frame header waiting is about to
+    // authenticate (a sender writes its HEADER at once); one with less is a
+    // talker that stalled, whether or not its handler has read its bytes yet
+    // (on a busy machine it may not have been scheduled).
     tcp::ConnectionSlots::Admission admission =
         slots_.Admit(slot, conn->peer_host(), [this](uint64_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return slot_handlers_.at(id)->conn->ReadableNow();
+          return slot_handlers_.at(id)->conn->UnreadBytes() >= tcp::kFrameHeaderBytes;
         });
     for (uint64_t evicted : admission.evicted) {
       // Its handler sees the cut, fails its handshake and exits.

@@ -60,5 +60,10 @@ int main(int argc, char** argv) {
   for (const auto& v : report->violations) {
     std::cout << "not allowed: " << v.from << " -> " << v.to << " (" << v.where << ")\n";
   }
-  return report->violations.empty() && report->unmapped.empty() ? 0 : 1;
+  for (const std::string& f : report->misplaced_flags) {
+    std::cout << "flag outside a main or a *_flags.cc flag group: " << f << "\n";
+  }
+  return report->violations.empty() && report->unmapped.empty() && report->misplaced_flags.empty()
+             ? 0
+             : 1;
 }

@@ -119,12 +119,29 @@ void ScanIncludes(const fs::path& root, const fs::path& relative, const Layering
     return;
   }
   static const std::regex kInclude(R"re(^\s*#\s*include\s*"([^"]+)")re");
-  std::istringstream in(Slurp(root / relative));
+  // A definition may wrap after "ABSL_FLAG(": the name is read on.
+  static const std::regex kFlag(R"re(^\s*ABSL_FLAG\s*\(\s*[^,]*,\s*(\w+))re");
+  const std::string text = Slurp(root / relative);
+  const bool may_define_flags = absl::EndsWith(relative.filename().string(), "_flags.cc") ||
+                                absl::StrContains(text, "int main(");
+  std::istringstream in(text);
   std::string line;
   int number = 0;
+  size_t next_offset = 0;
   while (std::getline(in, line)) {
     ++number;
+    const size_t offset = next_offset;  // of this line in `text`
+    next_offset += line.size() + 1;
     std::smatch m;
+    if (!may_define_flags &&
+        absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "ABSL_FLAG")) {
+      std::smatch f;
+      const std::string rest = text.substr(offset, 400);  // the definition, maybe wrapped
+      report.misplaced_flags.push_back(
+          absl::StrCat(relative.string(), ":", number, " defines flag ",
+                       std::regex_search(rest, f, kFlag) ? f[1].str() : std::string("?")));
+      continue;
+    }
     if (!std::regex_search(line, m, kInclude)) continue;
     const std::string include = m[1].str();
     AddEdge(table, from, IncludedModule(root, relative.parent_path(), include, table),

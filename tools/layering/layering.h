@@ -43,8 +43,14 @@ struct LayeringReport {
   std::vector<Edge> edges;            // every edge between two different modules
   std::vector<Edge> violations;       // those the table does not allow
   std::vector<std::string> unmapped;  // files and targets outside every module
+  // "path:line defines flag x": a flag defined outside a program's main file
+  // (one defining `int main(`) and outside a flag-group file (*_flags.cc).
+  std::vector<std::string> misplaced_flags;
 };
 
+// Flags belong to programs: defined in a main file, or in one flag-group file
+// per concern (name ending in _flags.cc) that mains share.
+//
 // Scans C++/CUDA sources (.h .cc .cu .cuh) and CMakeLists.txt under `root`,
 // skipping build trees (build*), .git and node_modules.
 absl::StatusOr<LayeringReport> CheckLayering(const std::filesystem::path& root,

@@ -48,6 +48,9 @@ TEST(LayeringTest, TheRepositoryKeepsItsAllowedEdges) {
       << Describe(report->violations);
   EXPECT_TRUE(report->unmapped.empty()) << "outside every module (add a `module` line):\n"
                                         << absl::StrJoin(report->unmapped, "\n");
+  EXPECT_TRUE(report->misplaced_flags.empty())
+      << "flags outside a main or a *_flags.cc flag group:\n"
+      << absl::StrJoin(report->misplaced_flags, "\n");
   // The check saw the tree: includes and link lines between modules.
   EXPECT_GT(report->edges.size(), 100u);
 }
@@ -109,6 +112,20 @@ TEST_F(PlantedTreeTest, AFolderOutsideEveryModuleFails) {
   absl::StatusOr<LayeringReport> report = CheckLayering(root_, Table());
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->unmapped, std::vector<std::string>{"stray/stray.h"});
+}
+
+TEST_F(PlantedTreeTest, AFlagOutsideAMainOrAFlagGroupFails) {
+  Write(root_ / "low/low.cc",
+        "#include \"low/low.h\"\nABSL_FLAG(int, depth, 1, \"planted\");\nABSL_FLAG(\n    "
+        "int, width, 2, \"wrapped\");\n");
+  Write(root_ / "low/low_flags.cc", "ABSL_FLAG(int, width, 1, \"a flag group\");\n");
+  Write(root_ / "high/main.cc",
+        "ABSL_FLAG(bool, verbose, false, \"a main's own\");\n"
+        "int main(int argc, char** argv) { return 0; }\n");
+  absl::StatusOr<LayeringReport> report = CheckLayering(root_, Table());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->misplaced_flags, (std::vector<std::string>{"low/low.cc:2 defines flag depth",
+                                                               "low/low.cc:3 defines flag width"}));
 }
 
 TEST(LayeringTableTest, RefusesMalformedLinesAndUnknownModules) {

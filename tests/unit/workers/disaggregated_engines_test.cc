@@ -14,6 +14,7 @@
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 #include "prefill_worker/prefill_engine.h"
+#include "tests/util/poll.h"
 #include "tools/model_writer.h"
 
 namespace pdserve {
@@ -52,7 +53,7 @@ struct Drained {
 };
 Drained Drain(decode::DecodeStream& stream) {
   Drained d;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time deadline = absl::Now() + pdserve::testing::kGenerousDeadline;
   std::vector<decode::DecodeOutput> outs;
   while (absl::Now() < deadline) {
     outs.clear();
@@ -321,8 +322,7 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   EXPECT_FALSE(d.error.ok());
   EXPECT_NE(d.error.message().find("fingerprint"), absl::string_view::npos) << d.error;
   EXPECT_TRUE(DecodeEmpty(*decode));
-  for (int i = 0; i < 200 && Failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_GE(Failures(), 1);
+  EXPECT_TRUE(pdserve::testing::PollUntil([&] { return Failures() >= 1; }));
   EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Add({{"reason", "refused"}}).Value(), Failures());
   EXPECT_TRUE(PrefillEmpty());
 }
@@ -356,8 +356,10 @@ TEST_F(DisaggregatedEnginesTest, CancelWhileWaitingOrRunningFreesBlocks) {
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE(Await(**ticket).ok());
   std::vector<decode::DecodeOutput> outs;
-  for (int i = 0; i < 400 && outs.empty(); ++i) (*running)->Next(absl::Milliseconds(10), &outs);
-  ASSERT_FALSE(outs.empty()) << "no token before cancelling";
+  ASSERT_TRUE(pdserve::testing::PollUntil([&] {
+    (*running)->Next(absl::Milliseconds(10), &outs);
+    return !outs.empty();
+  })) << "no token before cancelling";
   decode->Cancel(**running);
   EXPECT_TRUE(DecodeEmpty(*decode));
 }
@@ -574,7 +576,7 @@ TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
             static_cast<double>(prompts[0].size() + prompts[1].size() + prompts[2].size()));
   // The router's digest names the cached prefix at its digest positions.
   const std::vector<uint64_t> digest = prefill->load().cached_block_hashes;
-  const std::vector<uint64_t> hashes = engine::BlockHashes(system, 16);
+  const std::vector<uint64_t> hashes = engine::BlockHashDigests(system, 16);
   for (int b = 0; b < 3; ++b) {
     EXPECT_NE(std::find(digest.begin(), digest.end(), hashes[b]), digest.end()) << b;
   }
@@ -774,7 +776,7 @@ TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
   ASSERT_TRUE(ticket.ok());
   gated.Allow(3);
   // The fourth step is planned and waits at the gate: the prompt is mid-way.
-  for (int i = 0; i < 2000 && gated.started() < 3; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(pdserve::testing::PollUntil([&] { return gated.started() >= 3; }));
   ASSERT_EQ(gated.started(), 3);
   prefill->Cancel(*ticket);
   gated.Allow(1000);
@@ -834,20 +836,19 @@ TEST_F(DisaggregatedEnginesTest, PromptBlocksAreHeldUntilTheSendIsDone) {
   EXPECT_TRUE(PrefillEmpty());
 }
 
+// The drain timeout outlasts the test: a destructor that slept through the
+// ack instead of returning on it would hold the test until ctest's timeout.
 TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) {
-  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Seconds(20)});
+  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Minutes(30)});
   std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
   ASSERT_TRUE(done);
-  // The receiver's ack arrives 200 ms into the destructor's wait.
+  // The receiver's ack arrives, most likely, during the destructor's wait.
   std::thread acker([&done] {
     absl::SleepFor(absl::Milliseconds(200));
     done(absl::OkStatus());
   });
-  const absl::Time start = absl::Now();
   prefill.reset();
-  const absl::Duration waited = absl::Now() - start;
   acker.join();
-  EXPECT_LT(waited, absl::Seconds(10)) << "the destructor slept through the ack";
   EXPECT_EQ(Failures(), 0);
 }
 

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_blocks.h"
@@ -438,13 +439,15 @@ void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn, absl::Ti
     absl::MutexLock l(&mu_);
     if (stopping_) return;
     const uint64_t slot = next_slot_++;
-    // A connection with a whole frame header waiting is about to
-    // authenticate (a sender writes its HEADER at once); one with less is a
-    // talker that stalled, whether or not its handler has read its bytes yet
-    // (on a busy machine it may not have been scheduled).
+    // A connection with a whole frame header waiting, or whose handler is
+    // reading or checking a HEADER, is about to authenticate (a sender
+    // writes its HEADER at once); one with less is a talker that stalled,
+    // whether or not its handler has read its bytes yet (on a busy machine
+    // it may not have been scheduled).
     tcp::ConnectionSlots::Admission admission =
         slots_.Admit(slot, conn->peer_host(), [this](uint64_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return slot_handlers_.at(id)->conn->UnreadBytes() >= tcp::kFrameHeaderBytes;
+          return claiming_slots_.contains(id) ||
+                 slot_handlers_.at(id)->conn->UnreadBytes() >= tcp::kFrameHeaderBytes;
         });
     for (uint64_t evicted : admission.evicted) {
       // Its handler sees the cut, fails its handshake and exits.
@@ -559,6 +562,14 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
     return absl::InvalidArgumentError(
         absl::StrCat(from, ": expected a HEADER frame, got ", tcp::FrameTypeName(frame->type)));
   }
+  {
+    absl::MutexLock l(&mu_);
+    claiming_slots_.insert(slot);
+  }
+  absl::Cleanup claimed = [this, slot] {
+    absl::MutexLock l(&mu_);
+    claiming_slots_.erase(slot);
+  };
   absl::StatusOr<std::string> payload = tcp::ReadControlPayload(*conn, *frame, deadline);
   if (!payload.ok()) return tcp::WithContext(payload.status(), from + ": reading HEADER");
   internal::v1::KvTransferHeader header;

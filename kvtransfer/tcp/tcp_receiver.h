@@ -53,6 +53,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -202,6 +203,9 @@ class TcpKvReceiver final : public KvReceiver {
   std::list<Handler> handlers_ ABSL_GUARDED_BY(mu_);
   // The handlers whose connections hold a slot, by slot id.
   absl::flat_hash_map<uint64_t, Handler*> slot_handlers_ ABSL_GUARDED_BY(mu_);
+  // Slots whose handler holds a whole HEADER frame header and is reading or
+  // checking the rest: about to authenticate, never evicted for a newcomer.
+  absl::flat_hash_set<uint64_t> claiming_slots_ ABSL_GUARDED_BY(mu_);
 
   // Started last in Create, joined first in the destructor.
   std::thread accept_thread_;

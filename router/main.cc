@@ -26,6 +26,7 @@
 #include "common/process_metrics.h"
 #include "engine/model/weight_source.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"
@@ -81,7 +82,7 @@ ABSL_FLAG(int, prefill_queue_batches, 4,
           "Prompts are sent to a prefill worker while the tokens queued there stay under this "
           "many of its steps (--max_batch_tokens); the rest wait at the router");
 ABSL_FLAG(std::string, weight_dtype, "",
-          "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8); empty: not "
+          "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8, int4); empty: not "
           "checked (prefill and decode workers are paired only where their models as served "
           "are equal)");
 ABSL_FLAG(std::string, kv_dtype, "",
@@ -135,7 +136,15 @@ int Main() {
   }
 
   // The router's own model is the reference every worker is checked
-  // against at registration.
+  // against at registration. A --weight_dtype no worker can serve would
+  // refuse them all: refused here instead.
+  if (const std::string dtype = absl::GetFlag(FLAGS_weight_dtype); !dtype.empty()) {
+    if (absl::StatusOr<engine::WeightDtype> parsed = engine::ParseWeightDtype(dtype);
+        !parsed.ok()) {
+      PDSERVE_LOG(ERROR) << "--weight_dtype: " << parsed.status().message();
+      return 2;
+    }
+  }
   router::ModelReference reference{
       .config_fingerprint = engine::ConfigFingerprint(prompt_source->config),
       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),

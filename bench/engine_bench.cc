@@ -39,7 +39,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/model/config.h"
 #include "engine/runner_factory.h"

@@ -14,7 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 ABSL_FLAG(int, blocks, 1000, "blocks per launch");
 ABSL_FLAG(int, threads, 256, "threads per block (a multiple of 32)");

@@ -34,7 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "engine/model/config.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"

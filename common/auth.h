@@ -9,7 +9,7 @@
 //   (SHA-256 of a fixed label and the token, so the token itself never
 //   travels on the KV port); receivers refuse a header without it.
 //
-// The token is process-wide: set once by InitClusterAuthFromFlags (or
+// The token is process-wide: set once by InitClusterAuthFromFlags (common/service/auth_flags.h; or
 // SetClusterToken in tests) before any server starts or channel is made,
 // read-only afterwards. No token = internal services are open.
 //
@@ -39,12 +39,6 @@ inline constexpr char kClusterTokenEnv[] = "PDSERVE_CLUSTER_TOKEN";
 // $PDSERVE_CLUSTER_TOKEN, else none (no authentication). A file that is
 // named but unreadable or holds no token is an error, never "open".
 absl::StatusOr<std::vector<std::string>> LoadClusterTokens(const std::string& token_file);
-
-// Reads --cluster_token_file (and the environment) and the --internal_tls_*
-// flags, sets the process token and internal TLS, and warns when internal
-// services bound on `bind_host` are open to a non-loopback address. A bad
-// token file or TLS file is an error: the process must not start open.
-absl::Status InitClusterAuthFromFlags(const std::string& bind_host);
 
 // Sets the process token (empty: no authentication). Not thread-safe: call
 // before any server or channel exists.

@@ -50,7 +50,7 @@ grpc::ChannelArguments ChannelArgs() {
 
 absl::StatusOr<GrpcServerHandle> StartGrpcServer(
     const std::string& host, int port, const std::vector<grpc::Service*>& services,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    std::shared_ptr<grpc::ServerCredentials> credentials, int max_receive_message_bytes) {
   static const bool kInitOnce = [] {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -64,7 +64,7 @@ absl::StatusOr<GrpcServerHandle> StartGrpcServer(
   builder.AddListeningPort(JoinHostPort(host, port), credentials, &handle.port);
   // No SO_REUSEPORT: a second server on a busy port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
+  builder.SetMaxReceiveMessageSize(max_receive_message_bytes);
   builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
   handle.server = builder.BuildAndStart();

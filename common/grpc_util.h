@@ -26,9 +26,12 @@ struct GrpcServerHandle {
 // port cannot be bound. `credentials`: the port's transport security (null:
 // plaintext). Internal services check the caller themselves
 // (CheckClusterCredential, common/auth.h), so health stays open to probes.
+// `max_receive_message_bytes`: gRPC refuses larger messages itself (-1: no
+// limit; the services check the size, as pdserve.v1.Generation does).
 absl::StatusOr<GrpcServerHandle> StartGrpcServer(
     const std::string& host, int port, const std::vector<grpc::Service*>& services,
-    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
+    int max_receive_message_bytes = kMaxGrpcMessageBytes);
 
 // A health service name that is SERVING from start until SetServing(false)
 // (drain): liveness and startup probes ask for it, so a worker that is alive

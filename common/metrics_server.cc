@@ -1,10 +1,8 @@
 #include "common/metrics_server.h"
 
-#include <sys/socket.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
-#include "httplib.h"
+#include "common/http_server.h"
 #include "prometheus/text_serializer.h"
 
 namespace pdserve {
@@ -14,62 +12,53 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->registry_ = std::move(registry);
   s->process_ = std::make_unique<ProcessCollector>();
-  s->server_ = std::make_unique<httplib::Server>();
-  // One request per connection, and at most 1 s to send it (see the header).
-  s->server_->set_keep_alive_max_count(1);
-  s->server_->set_keep_alive_timeout(1);
-  s->server_->set_read_timeout(2, 0);
   prometheus::Registry* reg = s->registry_.get();
   const ProcessCollector* process = s->process_.get();
-  s->server_->Get("/metrics", [reg, process](const httplib::Request&, httplib::Response& res) {
-    std::vector<prometheus::MetricFamily> families = reg->Collect();
-    for (prometheus::MetricFamily& f : process->Collect()) families.push_back(std::move(f));
-    prometheus::TextSerializer serializer;
-    res.set_content(serializer.Serialize(families), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  s->server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  // The gRPC health states for HTTP probes (where the gRPC port runs mutual
-  // TLS, which the kubelet's gRPC probes cannot speak): 200 or 503.
-  const auto probe = [](bool (*state)()) {
-    return [state](const httplib::Request&, httplib::Response& res) {
-      const bool up = state();
-      res.status = up ? 200 : 503;
-      res.set_content(up ? "ok\n" : "not serving\n", "text/plain");
-    };
+  auto handler = [reg, process](const http::Request& req, http::ResponseWriter& out) {
+    const std::string& path = req.head.path;
+    if (req.head.method != "GET") {
+      out.Send(404, "text/plain", "not found\n");
+    } else if (path == "/metrics") {
+      std::vector<prometheus::MetricFamily> families = reg->Collect();
+      for (prometheus::MetricFamily& f : process->Collect()) families.push_back(std::move(f));
+      prometheus::TextSerializer serializer;
+      out.Send(200, "text/plain; version=0.0.4; charset=utf-8", serializer.Serialize(families));
+    } else if (path == "/healthz") {
+      out.Send(200, "text/plain", "ok\n");
+    } else if (path == "/livez" || path == "/readyz") {
+      // The gRPC health states for HTTP probes (where the gRPC port runs
+      // mutual TLS, which the kubelet's gRPC probes cannot speak).
+      const bool up = path == "/livez" ? ProcessLive() : ProcessReady();
+      out.Send(up ? 200 : 503, "text/plain", up ? "ok\n" : "not serving\n");
+    } else {
+      out.Send(404, "text/plain", "not found\n");
+    }
   };
-  s->server_->Get("/livez", probe(&ProcessLive));
-  s->server_->Get("/readyz", probe(&ProcessReady));
-  // SO_REUSEADDR only (the library default adds SO_REUSEPORT, which would let
-  // two servers share a port).
-  s->server_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  if (port == 0) {
-    s->port_ = s->server_->bind_to_any_port(host);
-  } else {
-    s->port_ = s->server_->bind_to_port(host, port) ? port : -1;
+  absl::StatusOr<std::unique_ptr<http::Server>> server =
+      http::Server::Start({.host = host,
+                           .port = port,
+                           .name = "metrics server",
+                           .max_connections = 64,
+                           .max_handler_threads = 4,
+                           .header_timeout = absl::Seconds(2),
+                           .body_timeout = absl::Seconds(2),
+                           .idle_timeout = absl::Seconds(2),
+                           .write_timeout = absl::Seconds(10),
+                           .max_header_bytes = 16 * 1024,
+                           .max_body_bytes = 64 * 1024,
+                           .max_requests_per_connection = 1},
+                          handler);
+  if (!server.ok()) {
+    return absl::UnavailableError(absl::StrCat("metrics server cannot bind ", host, ":", port, ": ",
+                                               server.status().message()));
   }
-  if (s->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("metrics server cannot bind ", host, ":", port));
-  }
-  httplib::Server* server = s->server_.get();
-  s->thread_ = std::thread([server] { server->listen_after_bind(); });
-  // stop() before the accept loop runs would be lost and the loop would never
-  // end: return only once it runs.
-  for (int i = 0; i < 5000 && !server->is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!server->is_running()) return absl::InternalError("metrics server did not start");
+  s->server_ = *std::move(server);
   return s;
 }
 
-MetricsServer::~MetricsServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
-}
+MetricsServer::~MetricsServer() { server_.reset(); }
+
+int MetricsServer::port() const { return server_->port(); }
 
 // Bucket bounds are round numbers. Where a histogram's values usually fall
 // they are about 7% apart (at most 7.5%): a quantile read from them is within

@@ -1,21 +1,21 @@
 // Serves a prometheus-cpp registry, plus the process metrics
 // (common/process_metrics.h), as text exposition on GET /metrics (and
 // GET /healthz; GET /livez and /readyz answer 200 or 503 from the process's
-// gRPC health, ProcessLive / ProcessReady) with cpp-httplib. prometheus-cpp's own Exposer
-// (civetweb) is not used: it cannot bind port 0 and its fixed-stack threads fail in processes that
-// link cuBLAS (see docs/architecture.md).
+// gRPC health, ProcessLive / ProcessReady) with common/http_server.h.
+// prometheus-cpp's own Exposer (civetweb) is not used: it cannot bind port 0
+// and its fixed-stack threads fail in processes that link cuBLAS (see
+// docs/architecture.md).
 //
-// Every connection serves one request and is closed ("Connection: close"),
-// and a connection that sends no request within 1 s is dropped: cpp-httplib
-// waits out an idle keep-alive connection (5 s) before its server can stop,
-// which would hold a draining process that long after its work is done.
-// Prometheus opens one connection per scrape; at scrape intervals above
-// 5 s, keep-alive never carried a second scrape anyway.
+// Every connection serves one request and is closed ("Connection: close");
+// Prometheus opens one connection per scrape. A request must arrive within
+// 2 s of its connection; at most 64 connections are open (the oldest
+// waiting one makes room for a new one), and 4 threads answer, so clients
+// that send their requests slowly (or not at all) cannot keep a scrape or a
+// probe out.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/process_metrics.h"
@@ -24,7 +24,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace httplib {
+namespace pdserve::http {
 class Server;
 }
 
@@ -38,15 +38,13 @@ class MetricsServer {
       std::shared_ptr<prometheus::Registry> registry, const std::string& host, int port);
   ~MetricsServer();  // stops and joins
 
-  int port() const { return port_; }
+  int port() const;
 
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ProcessCollector> process_;
-  std::unique_ptr<httplib::Server> server_;
-  int port_ = 0;
-  std::thread thread_;  // runs server_->listen_after_bind()
+  std::unique_ptr<http::Server> server_;  // last: its handlers use the above
 };
 
 // Histogram buckets, in seconds. Prometheus estimates a quantile by linear

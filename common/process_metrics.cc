@@ -8,7 +8,7 @@
 #include <optional>
 #include <sstream>
 
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/gauge.h"
 

@@ -30,7 +30,7 @@ class ProcessCollector : public prometheus::Collectable {
 std::string ModelNameOf(const std::string& model_dir);
 
 // Registers pdserve_build_info{version, backend, model} = 1 in `registry`:
-// version from common/cli.h, `backend` the compute backend ("cpu", "cuda";
+// version from common/base/cli.h, `backend` the compute backend ("cpu", "cuda";
 // "none" for processes without one), `model` from ModelNameOf.
 void RegisterBuildInfo(prometheus::Registry& registry, const std::string& backend,
                        const std::string& model);

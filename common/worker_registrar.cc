@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "common/base/logging.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
 
 namespace pdserve {
 namespace {

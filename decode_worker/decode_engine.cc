@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 
 namespace pdserve::decode {
 
@@ -27,6 +27,20 @@ class DecodeEngine::Sink final : public kvtransfer::ReceiveSink {
   const engine::SeqId seq_;
 };
 
+namespace {
+
+engine::SchedulerOptions SchedulerOptionsFor(const DecodeEngineOptions& o) {
+  return {.role = engine::SchedulerRole::kDecode,
+          .plan = {.max_num_seqs = o.max_running,
+                   .max_batch_tokens =
+                       std::max(o.max_running, 1) + std::max(o.recompute_chunk_tokens, 1),
+                   .max_prefill_chunk_tokens = std::max(o.recompute_chunk_tokens, 1)},
+          .enable_prefix_caching = o.enable_prefix_caching,
+          .kv_headroom_tokens = o.kv_headroom_tokens};
+}
+
+}  // namespace
+
 DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
                            kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics)
     : options_(options),
@@ -35,26 +49,19 @@ DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* run
       metrics_(metrics),
       kv_endpoint_(receiver->endpoint()),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
-      scheduler_({.role = engine::SchedulerRole::kDecode,
-                  .plan = {.max_num_seqs = options.max_running,
-                           .max_batch_tokens = std::max(options.max_running, 1) +
-                                               std::max(options.recompute_chunk_tokens, 1),
-                           .max_prefill_chunk_tokens = std::max(options.recompute_chunk_tokens, 1)},
-                  .enable_prefix_caching = options.enable_prefix_caching,
-                  .kv_headroom_tokens = options.kv_headroom_tokens},
-                 runner->config(), runner->num_kv_blocks(), runner->kv_block_size()) {
+      core_({.scheduler = SchedulerOptionsFor(options)}, runner, this) {
   {
-    absl::MutexLock lock(&mu_);
+    auto access = core_.Read();
     UpdateGaugesLocked();
   }
-  thread_ = std::thread([this] { Loop(); });
+  core_.Start();
 }
 
 DecodeEngine::~DecodeEngine() {
+  core_.RequestStop();  // Admit refuses from here on
   std::vector<kvtransfer::TransferId> awaiting;
   {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
+    auto access = core_.Read();
     for (auto& [id, entry] : entries_) {
       if (entry.awaiting_kv) {
         entry.cancelled = true;
@@ -62,9 +69,9 @@ DecodeEngine::~DecodeEngine() {
       }
     }
   }
-  thread_.join();
+  core_.Stop();
   for (kvtransfer::TransferId id : awaiting) receiver_->Cancel(id);
-  absl::MutexLock lock(&mu_);
+  auto access = core_.Read();
   for (auto& [id, entry] : entries_) {
     entry.stream->Push({.error = absl::UnavailableError("decode worker is shutting down")});
   }
@@ -95,10 +102,10 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
   std::shared_ptr<DecodeStream> stream;
   std::vector<int32_t> table;
   {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return absl::UnavailableError("decode worker is shutting down");
+    auto access = core_.Change();
+    if (access.stopping()) return absl::UnavailableError("decode worker is shutting down");
     const engine::SeqId id = next_seq_++;
-    absl::StatusOr<std::span<const int32_t>> blocks = scheduler_.AddRemote(
+    absl::StatusOr<std::span<const int32_t>> blocks = access.scheduler().AddRemote(
         id, std::move(request.prompt), std::move(request.sampling), request.generated);
     if (!blocks.ok()) {
       metrics_->requests_rejected.Increment();
@@ -124,7 +131,7 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
           receiver_->Expect(stream->transfer_id(), kvtransfer::TransferSpecFor(*runner_, known),
                             std::move(table), sink, kv_wait);
       !s.ok()) {
-    absl::MutexLock lock(&mu_);
+    auto access = core_.Change();
     DropLocked(stream->seq());
     return s;
   }
@@ -132,20 +139,20 @@ absl::StatusOr<std::shared_ptr<DecodeStream>> DecodeEngine::Admit(DecodeRequest 
 }
 
 void DecodeEngine::DropLocked(engine::SeqId id) {
-  scheduler_.Cancel(id);
+  core_.scheduler_locked().Cancel(id);
   entries_.erase(id);
   UpdateGaugesLocked();
 }
 
 void DecodeEngine::Cancel(const DecodeStream& stream) {
   {
-    absl::MutexLock lock(&mu_);
+    auto access = core_.Change();
     auto it = entries_.find(stream.seq());
     if (it == entries_.end()) return;
     Entry& entry = it->second;
     if (!entry.awaiting_kv) {
       // Freed now, or by the engine thread when the step it is in ends.
-      if (scheduler_.Cancel(stream.seq())) {
+      if (access.scheduler().Cancel(stream.seq())) {
         entries_.erase(it);
         UpdateGaugesLocked();
       } else {
@@ -160,7 +167,8 @@ void DecodeEngine::Cancel(const DecodeStream& stream) {
 }
 
 void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_token) {
-  absl::MutexLock lock(&mu_);
+  // A change: the sequence joins the next step (or its blocks are free).
+  auto access = core_.Change();
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   Entry& entry = it->second;
@@ -188,7 +196,7 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
   entry.awaiting_kv = false;
   ++entry.num_generated;
   metrics_->kv_wait.Observe(absl::ToDoubleSeconds(absl::Now() - entry.admitted));
-  absl::StatusOr<engine::FinishReason> finish = scheduler_.StartDecoding(id, token);
+  absl::StatusOr<engine::FinishReason> finish = access.scheduler().StartDecoding(id, token);
   if (!finish.ok()) {
     entry.stream->Push({.error = absl::InternalError(finish.status().message())});
     DropLocked(id);
@@ -205,107 +213,73 @@ void DecodeEngine::OnKvComplete(engine::SeqId id, absl::StatusOr<int32_t> first_
 }
 
 void DecodeEngine::UpdateGaugesLocked() {
-  metrics_->running_sequences.Set(scheduler_.num_running());
-  metrics_->waiting_kv_sequences.Set(scheduler_.num_awaiting_kv());
-  metrics_->kv_cache_usage.Set(scheduler_.kv().usage_ratio());
+  const engine::Scheduler& scheduler = core_.scheduler_locked();
+  metrics_->running_sequences.Set(scheduler.num_running());
+  metrics_->waiting_kv_sequences.Set(scheduler.num_awaiting_kv());
+  metrics_->kv_cache_usage.Set(scheduler.kv().usage_ratio());
 }
 
 DecodeLoad DecodeEngine::load() const {
-  absl::MutexLock lock(&mu_);
-  DecodeLoad load{.running = scheduler_.num_running(),
-                  .waiting_kv = scheduler_.num_awaiting_kv(),
-                  .preempted = scheduler_.num_waiting(),
-                  .free_blocks = scheduler_.num_available_blocks(),
-                  .total_blocks = scheduler_.kv().num_blocks(),
-                  .progress = steps_completed_,
-                  .has_work = stepping_ && scheduler_.num_running() + scheduler_.num_waiting() > 0};
-  constexpr int kUnhealthyAfter = 3;
-  if (failed_steps_in_a_row_ >= kUnhealthyAfter) {
-    load.unhealthy_reason =
-        absl::StrCat("its last ", failed_steps_in_a_row_, " steps failed: ", last_step_error_);
-  }
-  return load;
+  auto access = core_.Read();
+  const engine::Scheduler& scheduler = access.scheduler();
+  const engine::EngineProgress progress = core_.ProgressLocked();
+  return DecodeLoad{.running = scheduler.num_running(),
+                    .waiting_kv = scheduler.num_awaiting_kv(),
+                    .preempted = scheduler.num_waiting(),
+                    .free_blocks = scheduler.num_available_blocks(),
+                    .total_blocks = scheduler.kv().num_blocks(),
+                    .progress = progress.steps_completed,
+                    .has_work = progress.has_work,
+                    .unhealthy_reason = progress.unhealthy_reason};
 }
 
-void DecodeEngine::Loop() {
-  const engine::ModelConfig& config = runner_->config();
-  const double kv_bytes_per_token =
-      static_cast<double>(config.KvBytesPerToken(engine::KvDtypeBytes(runner_->kv_dtype())));
-  while (true) {
-    engine::ScheduledStep step;
-    double kv_tokens = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || scheduler_.num_running() > 0 || scheduler_.num_waiting() > 0;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stop_) return;
-      const absl::Time plan_start = absl::Now();
-      step = scheduler_.Schedule();
-      metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - plan_start));
-      metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
-      for (const auto& [id, why] : step.failed) {
-        auto it = entries_.find(id);
-        if (it == entries_.end()) continue;
-        PDSERVE_LOG(WARNING) << "request " << it->second.request_id << ": " << why;
-        it->second.stream->Push({.error = why});
-        entries_.erase(it);
-      }
-      if (!step.failed.empty() || !step.preempted.empty()) UpdateGaugesLocked();
-      stepping_ = !step.empty();
-      if (step.empty()) {
-        // Running sequences that cannot step now (cancelled, awaiting
-        // blocks): wait for a change rather than spin.
-        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
-        continue;
-      }
-      for (const engine::StepSequence& s : step.batch.seqs) {
-        kv_tokens += s.num_cached + static_cast<double>(s.tokens.size());
-      }
-    }
+void DecodeEngine::OnPlanned(const engine::ScheduledStep& step, double plan_seconds) {
+  metrics_->scheduler_step_seconds.Observe(plan_seconds);
+  metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
+  for (const auto& [id, why] : step.failed) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;
+    PDSERVE_LOG(WARNING) << "request " << it->second.request_id << ": " << why;
+    it->second.stream->Push({.error = why});
+    entries_.erase(it);
+  }
+}
 
-    const absl::Time start = absl::Now();
-    const size_t batch_size = step.ids.size();
-    const absl::StatusOr<engine::StepOutput> output = runner_->Step(step.batch);
-    const absl::Time end = absl::Now();
-    const double seconds = absl::ToDoubleSeconds(end - start);
-    metrics_->step_seconds.Observe(seconds);
-    metrics_->batch_size.Observe(static_cast<double>(batch_size));
-    if (output.ok() && seconds > 0) {
-      const double bytes_per_second = (weight_bytes_ + kv_tokens * kv_bytes_per_token) / seconds;
-      metrics_->achieved_bytes_per_second.Set(bytes_per_second);
-      if (options_.peak_memory_bandwidth > 0) {
-        metrics_->bandwidth_utilization.Set(bytes_per_second / options_.peak_memory_bandwidth);
-      }
+// One planned decode step: the KV it reads (for the bandwidth gauge), then
+// the tokens it produced, pushed to their streams after the lock.
+class DecodeEngine::Step final : public engine::EngineStep {
+ public:
+  Step(DecodeEngine* engine, const engine::ScheduledStep& step)
+      : engine_(*engine), batch_size_(step.ids.size()) {
+    for (const engine::StepSequence& s : step.batch.seqs) {
+      kv_tokens_ += s.num_cached + static_cast<double>(s.tokens.size());
     }
-    if (!output.ok()) PDSERVE_LOG(ERROR) << "decode step failed: " << output.status();
+  }
 
-    absl::MutexLock lock(&mu_);
-    ++steps_completed_;
-    if (output.ok()) {
-      failed_steps_in_a_row_ = 0;
-    } else {
-      ++failed_steps_in_a_row_;
-      last_step_error_ = std::string(output.status().message());
-    }
-    for (const engine::SequenceUpdate& u : scheduler_.Complete(step, output)) {
-      auto it = entries_.find(u.id);
-      if (it == entries_.end()) continue;
+  void Apply(const std::vector<engine::SequenceUpdate>& updates,
+             const absl::StatusOr<engine::StepOutput>& output,
+             const engine::StepTiming& timing) override {
+    ok_ = output.ok();
+    seconds_ = timing.seconds();
+    const absl::Time end = timing.completed;
+    for (const engine::SequenceUpdate& u : updates) {
+      auto it = engine_.entries_.find(u.id);
+      if (it == engine_.entries_.end()) continue;
       Entry& entry = it->second;
       if (u.cancelled) {
-        entries_.erase(it);
+        engine_.entries_.erase(it);
         continue;
       }
       if (!u.error.ok()) {
-        entry.stream->Push({.error = absl::InternalError(
-                                absl::StrCat("decode step failed: ", u.error.message()))});
-        entries_.erase(it);
+        out_.push_back({entry.stream,
+                        {.error = absl::InternalError(
+                             absl::StrCat("decode step failed: ", u.error.message()))}});
+        engine_.entries_.erase(it);
         continue;
       }
       if (!u.token.has_value()) continue;
-      metrics_->generation_tokens.Increment();
-      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(end - entry.last_token_time));
+      ++tokens_;
+      itl_.push_back(absl::ToDoubleSeconds(end - entry.last_token_time));
       entry.last_token_time = end;
       ++entry.num_generated;
       DecodeOutput out{.tokens = {*u.token}};
@@ -314,11 +288,46 @@ void DecodeEngine::Loop() {
         out.finish_reason = u.finish;
         out.completion_tokens = entry.num_generated;
       }
-      entry.stream->Push(std::move(out));
-      if (u.freed) entries_.erase(it);
+      out_.push_back({entry.stream, std::move(out)});
+      if (u.freed) engine_.entries_.erase(it);
     }
-    UpdateGaugesLocked();
   }
+
+  void Deliver() override {
+    DecodeMetrics& metrics = *engine_.metrics_;
+    metrics.step_seconds.Observe(seconds_);
+    metrics.batch_size.Observe(static_cast<double>(batch_size_));
+    if (ok_ && seconds_ > 0) {
+      const engine::ModelConfig& config = engine_.runner_->config();
+      const double kv_bytes_per_token = static_cast<double>(
+          config.KvBytesPerToken(engine::KvDtypeBytes(engine_.runner_->kv_dtype())));
+      const double bytes_per_second =
+          (engine_.weight_bytes_ + kv_tokens_ * kv_bytes_per_token) / seconds_;
+      metrics.achieved_bytes_per_second.Set(bytes_per_second);
+      if (engine_.options_.peak_memory_bandwidth > 0) {
+        metrics.bandwidth_utilization.Set(bytes_per_second /
+                                          engine_.options_.peak_memory_bandwidth);
+      }
+    }
+    metrics.generation_tokens.Increment(static_cast<double>(tokens_));
+    for (double itl : itl_) metrics.inter_token_latency.Observe(itl);
+    for (auto& [stream, out] : out_) stream->Push(std::move(out));
+  }
+
+ private:
+  DecodeEngine& engine_;
+  const size_t batch_size_;
+  double kv_tokens_ = 0;
+  bool ok_ = false;
+  double seconds_ = 0;
+  int tokens_ = 0;
+  std::vector<double> itl_;
+  std::vector<std::pair<std::shared_ptr<DecodeStream>, DecodeOutput>> out_;
+};
+
+std::unique_ptr<engine::EngineStep> DecodeEngine::BeginStep(const engine::ScheduledStep& step,
+                                                            absl::Time now) {
+  return std::make_unique<Step>(this, step);
 }
 
 }  // namespace pdserve::decode

@@ -10,17 +10,20 @@
 // of their prompt and generated tokens on this worker's runner; their streams
 // go on without a gap or a repeat (seeded sampling draws the same tokens).
 //
-// Threads: one engine thread plans, runs and applies steps; transport threads
-// write received KV into blocks reserved for (and only touched by) their
-// sequence; gRPC handler threads Admit, read their stream and Cancel. `mu_`
-// guards the scheduler and the stream table.
+// The step loop is the EngineCore's (engine/core/engine_core.h); this class
+// is the decode role's policy over it. A KV transfer done, a cancel or an
+// admission wakes the loop at once.
+//
+// Threads: the core's engine thread plans, runs and applies steps; transport
+// threads write received KV into blocks reserved for (and only touched by)
+// their sequence; gRPC handler threads Admit, read their stream and Cancel.
+// The core's lock guards the scheduler and the stream table.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -30,8 +33,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
-#include "common/output_queue.h"
+#include "common/base/output_queue.h"
 #include "decode_worker/decode_metrics.h"
+#include "engine/core/engine_core.h"
 #include "engine/runtime/finish.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
@@ -107,12 +111,12 @@ struct DecodeLoad {
   std::string unhealthy_reason;
 };
 
-class DecodeEngine {
+class DecodeEngine : private engine::EnginePolicy {
  public:
   // `runner`, `receiver` and `metrics` must outlive the engine.
   DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
                kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
-  ~DecodeEngine();  // cancels everything and joins the engine thread
+  ~DecodeEngine() override;  // cancels everything and joins the engine thread
 
   // Validates the request, reserves blocks for the prompt plus the headroom
   // and announces the KV transfer. INVALID_ARGUMENT for bad input,
@@ -124,6 +128,7 @@ class DecodeEngine {
 
   DecodeLoad load() const;
   const std::string& kv_endpoint() const { return kv_endpoint_; }
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
  private:
   // Per admitted request: its stream and what the scheduler does not keep.
@@ -138,12 +143,17 @@ class DecodeEngine {
   };
   class Sink;
 
-  void Loop();
+  class Step;
+  // EnginePolicy (on the engine thread, under the core's lock).
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
+  void UpdateGauges() override { UpdateGaugesLocked(); }
   // Called by a Sink when the transfer ended.
   void OnKvComplete(engine::SeqId seq, absl::StatusOr<int32_t> first_token);
   // Frees a sequence that is not in a step (awaiting KV, or between steps).
-  void DropLocked(engine::SeqId seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(engine::SeqId seq);
+  void UpdateGaugesLocked();
 
   const DecodeEngineOptions options_;
   engine::ModelRunner* const runner_;
@@ -152,20 +162,14 @@ class DecodeEngine {
   const std::string kv_endpoint_;
   const double weight_bytes_;
 
-  mutable absl::Mutex mu_;
-  engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<engine::SeqId, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stepping_ ABSL_GUARDED_BY(mu_) = false;  // the last plan had a step to run
-  int failed_steps_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string last_step_error_ ABSL_GUARDED_BY(mu_);
+  // Guarded by the core's lock.
+  std::unordered_map<engine::SeqId, Entry> entries_;
+  engine::SeqId next_seq_ = 1;
   // Transfer ids travel in the clear on the TCP KV port: one seen there must
   // not tell the next (a peer that could replay the port's fixed credential
   // could otherwise claim a coming transfer).
   const UnpredictableIds transfer_ids_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: runs Loop() over everything above
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
 }  // namespace pdserve::decode

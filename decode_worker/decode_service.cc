@@ -10,6 +10,12 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal:
                                    grpc::ServerWriter<internal::v1::DecodeEvent>* writer) {
   if (grpc::Status auth = CheckClusterCredential(*context); !auth.ok()) return auth;
   if (draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining");
+  if (absl::Status s =
+          CheckJobLists(job->prompt_token_ids_size(), job->generated_token_ids_size(),
+                        job->sampling(), engine_->model_config().max_position_embeddings);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   DecodeRequest request{
       .request_id = job->request_id(),
       .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},

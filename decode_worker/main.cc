@@ -4,20 +4,13 @@
 //   pdserve_decode_worker --model_dir=DIR --router=HOST:INTERNAL_PORT [--port=0] [--kv_port=0]
 //
 // Flags are read here only and turned into options once.
-#include <unistd.h>
-
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
-#include "common/cli.h"
-#include "common/grpc_util.h"
-#include "common/logging.h"
-#include "common/metrics_server.h"
-#include "common/process.h"
-#include "common/process_metrics.h"
-#include "common/worker_registrar.h"
+#include "common/base/logging.h"
+#include "common/service/service_process.h"
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "engine/device_peaks.h"
@@ -40,9 +33,9 @@ ABSL_FLAG(int, kv_stall_timeout_ms, 30000,
           "nccl: a transfer that makes no progress this long fails its pair of workers (the "
           "communicator is aborted; the next request reconnects)");
 ABSL_FLAG(int, kv_port, 0, "KV receiver port (0: any free port)");
-ABSL_FLAG(std::string, router, "",
-          "The router's internal address (host:internal_port) to register with; empty: do not "
-          "register");
+ABSL_FLAG(
+    std::string, router, "",
+    "The router's internal address (host:internal_port) to register with; empty: do not register");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default decode-<host>:<port>)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
@@ -66,8 +59,8 @@ ABSL_FLAG(int, kv_timeout_ms, 600000,
           "For a request whose call carries no deadline: time from admission until its KV must "
           "have arrived (otherwise the call's deadline, the request's budget, bounds the wait)");
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
-          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend "
-          "(cpu: a triad measured at start-up; cuda: the device's memory clock x bus width)");
+          "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend (cpu: a "
+          "triad measured at start-up; cuda: the device's memory clock x bus width)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -76,16 +69,19 @@ namespace pdserve {
 namespace {
 
 int Main() {
-  if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  ServiceProcess process(
+      {.name = "decode worker",
+       .host = host,
+       .metrics_port = absl::GetFlag(FLAGS_metrics_port),
+       .ready_file = absl::GetFlag(FLAGS_ready_file),
+       .log_level = absl::GetFlag(FLAGS_log_level),
+       .drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms))});
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
     return 2;
   }
-  const std::string host = absl::GetFlag(FLAGS_host);
-  if (absl::Status s = InitClusterAuthFromFlags(host); !s.ok()) {
-    PDSERVE_LOG(ERROR) << s;
-    return 2;
-  }
+  if (int code = process.Begin(); code != 0) return code;
   // Before the model loads: the measurement's buffers are freed by then.
   const engine::ResolvedPeak peak = engine::ResolvePeak(
       engine::PeakKind::kMemoryBandwidth, absl::GetFlag(FLAGS_peak_memory_bandwidth),
@@ -118,13 +114,11 @@ int Main() {
     return 1;
   }
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  decode::DecodeMetrics metrics(*registry);
+  decode::DecodeMetrics metrics(process.registry());
   metrics.peak_memory_bandwidth.Set(peak.value);
-  RegisterBuildInfo(*registry, runner_options.backend, ModelNameOf(runner_options.model_dir));
-  auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-  if (!metrics_server.ok()) {
-    PDSERVE_LOG(ERROR) << metrics_server.status();
+  if (absl::Status s = process.StartMetrics(runner_options.backend, runner_options.model_dir);
+      !s.ok()) {
+    PDSERVE_LOG(ERROR) << s;
     return 1;
   }
 
@@ -138,88 +132,66 @@ int Main() {
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics);
   decode::DecodeService service(engine.get());
-  auto grpc_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
-  if (!grpc_server.ok()) {
-    PDSERVE_LOG(ERROR) << grpc_server.status();
+  if (auto port =
+          process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
+      !port.ok()) {
+    PDSERVE_LOG(ERROR) << port.status();
     return 1;
   }
-  const std::string address = JoinHostPort(host, grpc_server->port);
   std::string worker_id = absl::GetFlag(FLAGS_worker_id);
-  if (worker_id.empty()) worker_id = absl::StrCat("decode-", address);
+  if (worker_id.empty()) worker_id = absl::StrCat("decode-", process.address());
 
-  std::unique_ptr<WorkerRegistrar> registrar;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    // Not serving until the router has accepted us (wrong token, router down).
-    SetReady(*grpc_server->server, false);
-    auto on_registered = [&service, server = grpc_server->server.get()](bool registered) {
-      if (!service.draining()) SetReady(*server, registered);
-    };
-    internal::v1::WorkerInfo info;
-    info.set_worker_id(worker_id);
-    info.set_role(internal::v1::WORKER_ROLE_DECODE);
-    info.set_address(address);
-    info.set_kv_endpoint(engine->kv_endpoint());
-    info.set_model_fingerprint((*runner)->fingerprint());
-    info.set_kv_block_size((*runner)->kv_block_size());
-    info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
-    info.set_metrics_address(JoinHostPort(host, (*metrics_server)->port()));
-    const engine::ServedModel served = engine::DescribeServedModel(**runner, runner_options);
-    info.set_config_fingerprint(served.config_fingerprint);
-    info.set_checkpoint_fingerprint(served.checkpoint_fingerprint);
-    info.set_weight_dtype(served.weight_dtype);
-    info.set_kv_dtype(served.kv_dtype);
-    info.set_kv_layout(served.kv_layout);
-    info.set_backend(served.backend);
-    registrar = std::make_unique<WorkerRegistrar>(
-        absl::GetFlag(FLAGS_router), info,
-        [&engine, &service, &engine_options] {
-          decode::DecodeLoad load = engine->load();
-          internal::v1::WorkerLoad out;
-          out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
-          out.set_free_kv_blocks(load.free_blocks);
-          out.set_total_kv_blocks(load.total_blocks);
-          out.set_draining(service.draining());
-          out.set_progress(load.progress);
-          out.set_has_work(load.has_work);
-          out.set_unhealthy_reason(load.unhealthy_reason);
-          out.set_max_sequences(engine_options.max_running);
-          return out;
-        },
-        on_registered);
-  }
+  internal::v1::WorkerInfo info;
+  info.set_worker_id(worker_id);
+  info.set_role(internal::v1::WORKER_ROLE_DECODE);
+  info.set_kv_endpoint(engine->kv_endpoint());
+  info.set_model_fingerprint((*runner)->fingerprint());
+  info.set_kv_block_size((*runner)->kv_block_size());
+  info.set_kv_headroom_tokens(absl::GetFlag(FLAGS_decode_kv_headroom_tokens));
+  const engine::ServedModel served = engine::DescribeServedModel(**runner, runner_options);
+  info.set_config_fingerprint(served.config_fingerprint);
+  info.set_checkpoint_fingerprint(served.checkpoint_fingerprint);
+  info.set_weight_dtype(served.weight_dtype);
+  info.set_kv_dtype(served.kv_dtype);
+  info.set_kv_layout(served.kv_layout);
+  info.set_backend(served.backend);
+  process.RegisterWithRouter(
+      absl::GetFlag(FLAGS_router), std::move(info),
+      [&engine, &service, &engine_options] {
+        decode::DecodeLoad load = engine->load();
+        internal::v1::WorkerLoad out;
+        out.set_running_sequences(load.running + load.waiting_kv + load.preempted);
+        out.set_free_kv_blocks(load.free_blocks);
+        out.set_total_kv_blocks(load.total_blocks);
+        out.set_draining(service.draining());
+        out.set_progress(load.progress);
+        out.set_has_work(load.has_work);
+        out.set_unhealthy_reason(load.unhealthy_reason);
+        out.set_max_sequences(engine_options.max_running);
+        return out;
+      },
+      [&service] { return service.draining(); });
 
-  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
-                {{"kv_endpoint", engine->kv_endpoint()}});
-  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " decode worker " << worker_id
-                    << " serving on " << address << ", KV on " << engine->kv_endpoint()
-                    << ", metrics on port " << (*metrics_server)->port() << ", "
-                    << (*runner)->num_kv_blocks() << " KV blocks";
-
-  const int sig = WaitForShutdownSignal();
-  PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
-  service.SetDraining(true);
-  SetServing(*grpc_server->server, false);
-  if (registrar) registrar->Poke();
-  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)), [&] {
-    const decode::DecodeLoad load = engine->load();
-    return load.running + load.waiting_kv + load.preempted == 0;
-  });
-  registrar.reset();
-  // Cancels calls still open after the deadline and waits for their handlers,
-  // which release the engine's streams before the engine goes.
-  grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  engine.reset();
-  PDSERVE_LOG(INFO) << "decode worker stopped";
-  return 0;
+  process.AnnounceReady(
+      {{"kv_endpoint", engine->kv_endpoint()}},
+      absl::StrCat(worker_id, " serving on ", process.address(), ", KV on ", engine->kv_endpoint(),
+                   ", metrics on port ", process.metrics_port(), ", ", (*runner)->num_kv_blocks(),
+                   " KV blocks"));
+  return process.ServeUntilSignal({.refuse = [&service] { service.SetDraining(true); },
+                                   .idle =
+                                       [&engine] {
+                                         const decode::DecodeLoad load = engine->load();
+                                         return load.running + load.waiting_kv + load.preempted ==
+                                                0;
+                                       },
+                                   .after = [&engine] { engine.reset(); }});
 }
 
 }  // namespace
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
-  pdserve::BlockShutdownSignals();
-  pdserve::ParseFlags(
+  pdserve::StartProcess(
       argc, argv,
       "A decode worker: receives KV from prefill workers and streams the remaining tokens",
       __FILE__);

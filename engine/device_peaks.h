@@ -15,17 +15,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "engine/runtime/backend_registry.h"
 
 namespace pdserve::engine {
-
-enum class PeakKind { kFlops, kMemoryBandwidth };
-
-struct PeakOptions {
-  std::string backend = "cpu";                      // as RunnerOptions::backend
-  int threads = 0;                                  // compute threads of the runner; 0: all cores
-  absl::Duration budget = absl::Milliseconds(150);  // per measurement
-};
 
 // FLOP/s or bytes/s of the backend's device; an error where the backend
 // cannot tell.

@@ -3,8 +3,6 @@
 // index) and builds the runner of the requested backend.
 #include "engine/runner_factory.h"
 
-#include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -19,32 +17,8 @@
 #endif
 
 namespace pdserve::engine {
-namespace {
-
-struct Registry {
-  std::mutex mu;
-  // Node-based: pointers to the hooks stay valid as others register.
-  std::map<std::string, BackendHooks, std::less<>> backends;
-};
-Registry& GetRegistry() {
-  static Registry* registry = new Registry();  // never destroyed: used from static initializers
-  return *registry;
-}
-
-}  // namespace
-
-void RegisterBackend(const std::string& name, BackendHooks hooks) {
-  Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.backends[name] = hooks;
-}
-
 const BackendHooks* FindBackend(std::string_view name) {
-  {
-    Registry& r = GetRegistry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (auto it = r.backends.find(name); it != r.backends.end()) return &it->second;
-  }
+  if (const BackendHooks* hooks = FindRegisteredBackend(name)) return hooks;
 #if defined(PDSERVE_WITH_CUDA_BACKEND)
   if (name == "cuda") {
     static const BackendHooks hooks = cuda::CudaBackendHooks();

@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/request_limits.h"
 #include "frontend/sampling_wire.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/unknown_field_set.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "text/utf8.h"
 
 namespace pdserve::frontend {
@@ -15,48 +17,98 @@ namespace {
 
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
-using google::protobuf::UnknownField;
-using google::protobuf::UnknownFieldSet;
+using google::protobuf::internal::WireFormatLite;
 
 constexpr int kMaxDepth = 8;  // GenerateRequest nests 3 deep
 
-// Walks the wire form of a `descriptor` message without protobuf's own UTF-8
-// check and names the first string field that is not valid UTF-8. Malformed
-// wire data is left for the real parse to refuse.
-absl::Status CheckStrings(const Descriptor& descriptor, std::string_view bytes,
-                          const std::string& prefix, int depth) {
-  if (depth > kMaxDepth) return absl::OkStatus();
-  UnknownFieldSet fields;
-  if (!fields.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::OkStatus();
+// Entries of a packed repeated field of `type` in `payload`.
+int64_t PackedCount(FieldDescriptor::Type type, std::string_view payload) {
+  switch (WireFormatLite::WireTypeForFieldType(static_cast<WireFormatLite::FieldType>(type))) {
+    case WireFormatLite::WIRETYPE_FIXED32:
+      return static_cast<int64_t>(payload.size() / 4);
+    case WireFormatLite::WIRETYPE_FIXED64:
+      return static_cast<int64_t>(payload.size() / 8);
+    default:  // varints: one ends at each byte without the continuation bit
+      return std::count_if(payload.begin(), payload.end(),
+                           [](char c) { return (static_cast<unsigned char>(c) & 0x80) == 0; });
   }
-  std::map<int, int> seen;  // field number -> occurrences so far (repeated index)
-  for (int i = 0; i < fields.field_count(); ++i) {
-    const UnknownField& field = fields.field(i);
-    const FieldDescriptor* fd = descriptor.FindFieldByNumber(field.number());
-    if (fd == nullptr || field.type() != UnknownField::TYPE_LENGTH_DELIMITED) continue;
-    const int index = seen[field.number()]++;
+}
+
+// Walks the wire form of a `descriptor` message (without materializing it):
+// names the first string field that is not valid UTF-8 (protobuf would
+// refuse it without saying which), and counts each repeated field's entries
+// against its limit (WireLimit) before any is stored. Malformed wire data
+// is left for the real parse to refuse.
+absl::Status CheckWire(const Descriptor& descriptor, std::string_view bytes,
+                       const std::string& prefix, int depth, const DecodeLimits& limits) {
+  if (depth > kMaxDepth) return absl::OkStatus();
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  std::map<int, int64_t> counts;  // repeated field number -> entries so far
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) break;  // the end, or malformed
+    const int number = WireFormatLite::GetTagFieldNumber(tag);
+    const FieldDescriptor* fd = descriptor.FindFieldByNumber(number);
+    if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      if (fd != nullptr && fd->is_repeated()) ++counts[number];
+      if (!WireFormatLite::SkipField(&in, tag)) break;
+      continue;
+    }
+    uint32_t length = 0;
+    if (!in.ReadVarint32(&length)) break;
+    const int at = in.CurrentPosition();
+    if (!in.Skip(static_cast<int>(length))) break;
+    if (fd == nullptr) continue;
+    const std::string_view payload = bytes.substr(static_cast<size_t>(at), length);
+    const int64_t index = counts[number];
+    counts[number] += fd->is_repeated() && fd->is_packable() ? PackedCount(fd->type(), payload) : 1;
     std::string name = absl::StrCat(prefix, fd->name());
     if (fd->is_repeated() && !fd->is_map()) absl::StrAppend(&name, "[", index, "]");
     if (fd->type() == FieldDescriptor::TYPE_STRING) {
-      if (!text::utf8::IsValid(field.length_delimited())) {
-        return FieldError(name, " is not valid UTF-8");
-      }
+      if (!text::utf8::IsValid(payload)) return FieldError(name, " is not valid UTF-8");
     } else if (fd->type() == FieldDescriptor::TYPE_MESSAGE) {
-      if (absl::Status s = CheckStrings(*fd->message_type(), field.length_delimited(),
-                                        absl::StrCat(name, "."), depth + 1);
+      if (absl::Status s =
+              CheckWire(*fd->message_type(), payload, absl::StrCat(name, "."), depth + 1, limits);
           !s.ok()) {
         return s;
       }
     }
+  }
+  for (const auto& [number, count] : counts) {
+    const FieldDescriptor* fd = descriptor.FindFieldByNumber(number);
+    const std::optional<int> limit = WireLimit(*fd, limits);
+    if (!limit.has_value() || count <= *limit) continue;
+    // The prompt's ids are named as validation names a prompt too long for
+    // the context.
+    if (fd->full_name() == "pdserve.v1.TokenIds.ids") {
+      return FieldError("input", absl::StrCat(": the prompt has ", count,
+                                              " token ids; the model context is ", *limit));
+    }
+    return FieldError(absl::StrCat(prefix, fd->name()),
+                      absl::StrCat(" holds ", count, " entries; at most ", *limit));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(std::string_view bytes) {
-  if (absl::Status s = CheckStrings(*v1::GenerateRequest::descriptor(), bytes, "", 0); !s.ok()) {
+std::optional<int> WireLimit(const FieldDescriptor& field, const DecodeLimits& limits) {
+  const std::string& name = field.full_name();
+  if (name == "pdserve.v1.SamplingParams.stop_token_ids") return kMaxStopTokenIds;
+  if (name == "pdserve.v1.SamplingParams.stop") return kMaxStopStrings;
+  if (name == "pdserve.v1.ChatMessages.messages") return kMaxChatMessages;
+  if (name == "pdserve.v1.ChatMessages.chat_template_kwargs") return kMaxChatTemplateKwargs;
+  if (name == "pdserve.v1.TokenIds.ids" && limits.max_prompt_token_ids > 0) {
+    return limits.max_prompt_token_ids;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(std::string_view bytes,
+                                                         const DecodeLimits& limits) {
+  if (absl::Status s = CheckWire(*v1::GenerateRequest::descriptor(), bytes, "", 0, limits);
+      !s.ok()) {
     return s;
   }
   v1::GenerateRequest request;
@@ -117,8 +169,8 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
   return out;
 }
 
-absl::StatusOr<Request> DecodeGenerateRequest(std::string_view bytes) {
-  absl::StatusOr<v1::GenerateRequest> request = ParseGenerateRequest(bytes);
+absl::StatusOr<Request> DecodeGenerateRequest(std::string_view bytes, const DecodeLimits& limits) {
+  absl::StatusOr<v1::GenerateRequest> request = ParseGenerateRequest(bytes, limits);
   if (!request.ok()) return request.status();
   return RequestFromProto(*request);
 }

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "frontend/errors.h"
+#include "common/memory.h"
 #include "frontend/generate_request_proto.h"
 
 namespace pdserve::frontend {
@@ -55,9 +57,32 @@ grpc::Status GrpcGenerationService::Serve(
     grpc::ServerContext* context,
     grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::GenerateResponse>* stream) {
   const CallInfo call{.arrival = absl::Now(), .deadline = Deadline(*context)};
+  // Destroyed last: after a large request, what it held goes back to the
+  // system.
+  ReleaseFreedMemoryAfter release;
   grpc::ByteBuffer buffer;
-  if (!stream->Read(&buffer)) return ToGrpcStatus(sessions_->AbandonedBeforeStart(call));
-  absl::StatusOr<Request> request = DecodeGenerateRequest(ToString(buffer));
+  if (!stream->Read(&buffer)) {
+    // What gRPC held of a message that did not arrive whole.
+    release.set_bytes(kTrimAfterRequestBytes);
+    return ToGrpcStatus(sessions_->AbandonedBeforeStart(call));
+  }
+  release.set_bytes(static_cast<int64_t>(buffer.Length()));
+  if (buffer.Length() > static_cast<size_t>(kMaxGrpcMessageBytes)) {
+    const size_t length = buffer.Length();
+    buffer.Clear();
+    // gRPC's own refusal has this code; the client sent too much, so it is
+    // counted as invalid_argument, as the HTTP port's 413 is.
+    return ToGrpcStatus(sessions_->Refuse(
+        absl::ResourceExhaustedError(absl::StrCat("request message of ", length,
+                                                  " bytes is larger than the limit of ",
+                                                  kMaxGrpcMessageBytes, " bytes")),
+        "invalid_argument"));
+  }
+  std::string bytes = ToString(buffer);
+  buffer.Clear();
+  absl::StatusOr<Request> request = DecodeGenerateRequest(
+      bytes, {.max_prompt_token_ids = sessions_->prompt_source().config.max_position_embeddings});
+  bytes = std::string();
   if (!request.ok()) return ToGrpcStatus(sessions_->Refuse(request.status(), "invalid_argument"));
   absl::StatusOr<std::unique_ptr<RequestSession>> session = sessions_->Start(*request, call);
   if (!session.ok()) return Reply(*context, session.status());

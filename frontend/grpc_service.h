@@ -8,6 +8,14 @@
 // handler, as the generated WithSplitStreamingMethod does) so that a request
 // protobuf would refuse for invalid UTF-8 gets INVALID_ARGUMENT naming the
 // field instead of INTERNAL with no message. Clients see the same service.
+//
+// Start the server without gRPC's receive limit (StartGrpcServer's
+// max_receive_message_bytes = -1): the service refuses a message over
+// kMaxGrpcMessageBytes itself (RESOURCE_EXHAUSTED, as gRPC would), so that
+// the refusal is counted as rejected{reason="invalid_argument"} rather than
+// looking like a client that went away. gRPC 1.51 holds a whole message
+// before its own check either way; after a large one, the service returns
+// the freed memory to the system (common/memory.h).
 #pragma once
 
 #include "frontend/request_session.h"

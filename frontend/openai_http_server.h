@@ -1,5 +1,5 @@
 // The OpenAI-compatible HTTP adapter over a SessionManager, served with
-// cpp-httplib: POST /v1/completions and /v1/chat/completions (with "stream":
+// common/http_server.h: POST /v1/completions and /v1/chat/completions (with "stream":
 // true as server-sent events ending in "data: [DONE]"), GET /v1/models and
 // GET /health (503 while draining). Request and response formats are in
 // frontend/openai_protocol.h; errors are OpenAI's JSON error objects with
@@ -11,27 +11,30 @@
 // response (sent once complete, chunked) is cut off. A client that closes
 // its connection cancels its request: the worker calls are cancelled and
 // their KV freed (noticed at the next write, or within `poll` while no
-// token is due; a non-streamed request is watched from its first token on).
+// token is due).
 //
-// Threads: one per open connection, created as connections come, at most
-// `max_threads` (further connections wait for one).
+// Connections: the server's event thread reads each request (its head within
+// `header_timeout`, its body within `body_timeout`) before a handler thread
+// takes it, so slow or idle clients hold no thread; at most
+// `max_connections` are open, the one waiting longest for its request (or
+// idle longest) closed to make room. Handler threads: one per request being
+// served, created on demand, at most `max_threads` (further requests wait).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "frontend/request_session.h"
 
-namespace httplib {
+namespace pdserve::http {
 class Server;
 struct Request;
-struct Response;
-}  // namespace httplib
+class ResponseWriter;
+}  // namespace pdserve::http
 
 namespace pdserve::frontend {
 
@@ -41,6 +44,14 @@ struct OpenAiHttpOptions {
   // The `model` clients name (GET /v1/models lists it).
   std::string model_name;
   int max_threads = 1024;
+  // Open connections (see above); also at most half of RLIMIT_NOFILE.
+  int max_connections = 2048;
+  // A request's head must arrive within header_timeout (of its first byte,
+  // or of the accept), its body within body_timeout of the head; a
+  // kept-alive connection may wait idle_timeout for its next request.
+  absl::Duration header_timeout = absl::Seconds(10);
+  absl::Duration body_timeout = absl::Seconds(60);
+  absl::Duration idle_timeout = absl::Seconds(30);
   // Largest request body; larger ones get 413.
   int64_t max_body_bytes = int64_t{64} << 20;
   // How often a waiting request checks that its client is still there.
@@ -56,26 +67,26 @@ class OpenAiHttpServer {
   // and joins every thread.
   ~OpenAiHttpServer();
 
-  int port() const { return port_; }
+  int port() const;
 
  private:
   OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions);
-  void Generate(bool chat, const httplib::Request& req, httplib::Response& res);
+  void Handle(const http::Request& req, http::ResponseWriter& out);
+  void Generate(bool chat, const http::Request& req, http::ResponseWriter& out);
   bool stopping() const { return stopping_.load(); }
 
   const OpenAiHttpOptions options_;
   SessionManager* const sessions_;
   const int64_t created_;  // unix seconds, the models list's `created`
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<httplib::Server> server_;
-  int port_ = 0;
-  std::thread thread_;  // last: runs server_->listen_after_bind()
+  std::unique_ptr<http::Server> server_;  // last: its handlers use the above
 };
 
 // What a main starts from its flags: no server when `port` < 0; the model
 // name is `model_name`, else ModelNameOf(model_dir) (common/process_metrics.h:
 // config.json's _name_or_path, else the directory's last component); threads
-// follow the admission limit.
+// and connections follow the admission limit (max_in_flight + 64 threads,
+// max_in_flight + 1024 connections).
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
     int max_in_flight, SessionManager* sessions);

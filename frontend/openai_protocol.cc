@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "frontend/errors.h"
+#include "frontend/request_limits.h"
 #include "nlohmann/json.hpp"
 #include "text/utf8.h"
 
@@ -39,6 +40,14 @@ absl::Status TypeError(absl::string_view field, absl::string_view want) {
 
 absl::Status Unsupported(absl::string_view field, absl::string_view what) {
   return FieldError(field, absl::StrCat(": ", what));
+}
+
+// Refuses a list (or object) `v` of more than `limit` entries before it is
+// copied anywhere.
+absl::Status CheckCount(const Json& v, absl::string_view field, size_t limit,
+                        absl::string_view what) {
+  if (v.size() <= limit) return absl::OkStatus();
+  return FieldError(field, absl::StrCat(": at most ", limit, " ", what, ", got ", v.size()));
 }
 
 // The field `name` of `obj`; nullptr when absent or null.
@@ -204,6 +213,7 @@ absl::Status ReadStop(const Json& obj, Request* out) {
     return absl::OkStatus();
   }
   if (!v->is_array()) return TypeError("stop", "a string or a list of strings");
+  PDSERVE_RETURN_IF_ERROR(CheckCount(*v, "stop", kMaxStopStrings, "strings"));
   for (size_t i = 0; i < v->size(); ++i) {
     if (!(*v)[i].is_string()) return TypeError(absl::StrCat("stop[", i, "]"), "a string");
     out->stop.push_back((*v)[i].get<std::string>());
@@ -242,6 +252,7 @@ absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
   PDSERVE_RETURN_IF_ERROR(ReadBool(obj, "ignore_eos", &p.ignore_eos));
   if (const Json* ids = Find(obj, "stop_token_ids")) {
     if (!ids->is_array()) return TypeError("stop_token_ids", "a list of token ids");
+    PDSERVE_RETURN_IF_ERROR(CheckCount(*ids, "stop_token_ids", kMaxStopTokenIds, "ids"));
     PDSERVE_RETURN_IF_ERROR(ReadTokenIds(*ids, "stop_token_ids", &p.stop_token_ids));
   }
   std::optional<int64_t> seed;
@@ -307,6 +318,7 @@ absl::Status ReadContent(const Json& content, const std::string& field, text::Ch
     return absl::OkStatus();
   }
   if (!content.is_array()) return TypeError(field, "a string, a list of text parts or null");
+  PDSERVE_RETURN_IF_ERROR(CheckCount(content, field, kMaxContentParts, "parts"));
   std::vector<std::string> parts;
   for (size_t j = 0; j < content.size(); ++j) {
     const Json& part = content[j];
@@ -331,6 +343,7 @@ absl::Status ReadMessages(const Json& obj, Request* r) {
   const Json* messages = Find(obj, "messages");
   if (messages == nullptr) return FieldError("messages", " is required");
   if (!messages->is_array()) return TypeError("messages", "a list of messages");
+  PDSERVE_RETURN_IF_ERROR(CheckCount(*messages, "messages", kMaxChatMessages, "messages"));
   r->input = Request::Input::kChat;
   for (size_t i = 0; i < messages->size(); ++i) {
     const Json& m = (*messages)[i];
@@ -350,6 +363,8 @@ absl::Status ReadMessages(const Json& obj, Request* r) {
     }
     if (const Json* calls = Find(m, "tool_calls")) {
       if (!calls->is_array()) return TypeError(field + ".tool_calls", "a list");
+      PDSERVE_RETURN_IF_ERROR(
+          CheckCount(*calls, field + ".tool_calls", kMaxToolCallsPerMessage, "tool calls"));
       absl::StatusOr<text::jinja::Value> v = ToJinja(*calls, field + ".tool_calls", 0);
       if (!v.ok()) return v.status();
       message.extra.emplace_back("tool_calls", *std::move(v));
@@ -358,7 +373,10 @@ absl::Status ReadMessages(const Json& obj, Request* r) {
   }
   for (const char* name : {"tools", "tool_choice"}) {
     if (const Json* v = Find(obj, name)) {
-      if (absl::string_view(name) == "tools" && !v->is_array()) return TypeError(name, "a list");
+      if (absl::string_view(name) == "tools") {
+        if (!v->is_array()) return TypeError(name, "a list");
+        PDSERVE_RETURN_IF_ERROR(CheckCount(*v, name, kMaxTools, "tools"));
+      }
       absl::StatusOr<text::jinja::Value> value = ToJinja(*v, name, 0);
       if (!value.ok()) return value.status();
       r->chat.template_variables.emplace_back(name, *std::move(value));
@@ -366,6 +384,8 @@ absl::Status ReadMessages(const Json& obj, Request* r) {
   }
   if (const Json* kwargs = Find(obj, "chat_template_kwargs")) {
     if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
+    PDSERVE_RETURN_IF_ERROR(
+        CheckCount(*kwargs, "chat_template_kwargs", kMaxChatTemplateKwargs, "entries"));
     for (const auto& [name, value] : kwargs->items()) {
       if (!value.is_boolean()) {
         return TypeError(absl::StrCat("chat_template_kwargs.", name), "true or false");

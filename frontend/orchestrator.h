@@ -2,7 +2,7 @@
 // whatever runs the generation: picking workers and talking to them. The
 // router implements it over the internal gRPC worker services
 // (router/disaggregated_orchestrator.h); the colocated baseline over its
-// in-process engine (decode_worker/colocated_orchestrator.h); tests with a
+// in-process engine (colocated/colocated_orchestrator.h); tests with a
 // scripted fake. The session sees only validated jobs going in and token
 // events coming out, so what happens between (retries on another worker,
 // re-prefilling prompt + generated tokens elsewhere after a worker dies)
@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/runtime/finish.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/finish_reason.h"
+#include "engine/types/sampling_params.h"
 
 namespace pdserve::frontend {
 

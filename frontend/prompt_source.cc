@@ -1,7 +1,7 @@
 #include "frontend/prompt_source.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "text/tokenizer_loader.h"
 
 namespace pdserve::frontend {

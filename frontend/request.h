@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/runtime/sampler.h"
+#include "engine/types/sampling_params.h"
 #include "text/chat_template.h"
 #include "text/jinja_value.h"
 

@@ -4,7 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "frontend/errors.h"
 
 namespace pdserve::frontend {

@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/runtime/finish.h"
+#include "engine/types/finish_reason.h"
 #include "frontend/client_metrics.h"
 #include "frontend/orchestrator.h"
 #include "frontend/prompt_source.h"

@@ -5,15 +5,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/request_limits.h"
 #include "text/utf8.h"
 
 namespace pdserve::frontend {
 namespace {
-constexpr int kMaxStopStrings = 16;
-constexpr size_t kMaxStopStringBytes = 256;
-constexpr int kMaxChatMessages = 1024;
-constexpr int kMaxChatTemplateKwargs = 16;
-constexpr size_t kMaxIdBytes = 256;
 
 // The variables the renderer sets itself; chat_template_kwargs and adapter
 // variables may not shadow them.
@@ -188,6 +184,13 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const Request& request, const P
     }
     if (absl::Status s = CheckUtf8(stop, absl::StrCat(names.stop, "[", i, "]")); !s.ok()) return s;
     out.stop_strings.push_back(stop);
+  }
+
+  // Before the prompt is built: a list over its limit costs no tokenizer time.
+  if (request.sampling.stop_token_ids.size() > static_cast<size_t>(kMaxStopTokenIds)) {
+    return FieldError(absl::StrCat(names.sampling_prefix, "stop_token_ids"),
+                      absl::StrCat(" must hold at most ", kMaxStopTokenIds, " ids, got ",
+                                   request.sampling.stop_token_ids.size()));
   }
 
   absl::StatusOr<std::vector<int32_t>> prompt = BuildPrompt(request, source, options, now);

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/runtime/sampler.h"
+#include "engine/types/sampling_params.h"
 #include "frontend/prompt_source.h"
 #include "frontend/request.h"
 

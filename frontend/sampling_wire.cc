@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace pdserve {
 
 engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& s) {
@@ -70,6 +72,21 @@ static_assert(static_cast<int>(engine::FinishReason::kStop) == v1::FINISH_REASON
 static_assert(static_cast<int>(engine::FinishReason::kContext) == v1::FINISH_REASON_CONTEXT);
 static_assert(v1::FinishReason_MAX == v1::FINISH_REASON_CONTEXT,
               "a new pdserve.v1.FinishReason needs its engine::FinishReason");
+
+absl::Status CheckJobLists(int prompt_token_ids, int generated_token_ids,
+                           const internal::v1::WorkerSampling& sampling, int context) {
+  if (int64_t{prompt_token_ids} + generated_token_ids > context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_token_ids + generated_token_ids: ", prompt_token_ids, " + ",
+                     generated_token_ids, " tokens exceed the model context of ", context));
+  }
+  if (sampling.stop_token_ids_size() > engine::kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids must hold at most ",
+                                                   engine::kMaxStopTokenIds, " ids, got ",
+                                                   sampling.stop_token_ids_size()));
+  }
+  return absl::OkStatus();
+}
 
 v1::FinishReason FinishReasonToProto(engine::FinishReason reason) {
   return static_cast<v1::FinishReason>(static_cast<int>(reason));

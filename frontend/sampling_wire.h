@@ -5,8 +5,9 @@
 // (pdserve_sampling_wire) so workers need no tokenizer or front end.
 #pragma once
 
-#include "engine/runtime/finish.h"
-#include "engine/runtime/sampler.h"
+#include "absl/status/status.h"
+#include "engine/types/finish_reason.h"
+#include "engine/types/sampling_params.h"
 #include "pdserve/internal/v1/worker.pb.h"
 #include "pdserve/v1/generation.pb.h"
 
@@ -18,6 +19,14 @@ internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& param
 internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token);
 engine::SampledToken LogprobsFromProto(int32_t token,
                                        const internal::v1::SampledLogprobs& logprobs);
+
+// A worker job's lists as they came off the wire, before they are copied:
+// INVALID_ARGUMENT naming the first one over its limit (prompt and
+// generated tokens together at most `context`, the model's; stop token ids
+// at most engine::kMaxStopTokenIds). Workers check this first; the router
+// never sends more.
+absl::Status CheckJobLists(int prompt_token_ids, int generated_token_ids,
+                           const internal::v1::WorkerSampling& sampling, int context);
 
 // The wire value of a finish reason (the numbering is the same: checked at
 // compile time in sampling_wire.cc).

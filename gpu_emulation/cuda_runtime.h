@@ -232,6 +232,28 @@ const char* LastFailureMessage();
 // driver API's cuMemGetAddressRange answers on a GPU). False if none.
 bool AllocationRange(const void* p, void** base, size_t* size);
 
+// Seed of the block scheduler (launch.cc): with the same seed, launch shape
+// and block index, the warps of a block take their turns in the same order
+// on every run. The default is kDefaultScheduleSeed, or PDSERVE_GPUEMU_SEED
+// (a number) from the environment; a change applies to blocks that start
+// afterwards (synchronise first).
+inline constexpr uint64_t kDefaultScheduleSeed = 0x5eed;
+void SetScheduleSeed(uint64_t seed);
+uint64_t ScheduleSeed();
+
+// Memory handed out again (a reused arena, workspace or staging buffer) is
+// poisoned like fresh memory, so a read of what its new user did not write
+// sees NaN or -1 rather than the last user's values. Project code calls
+// these through engine/cuda/reuse_poison.h, which compiles them away under
+// nvcc. PoisonReusedDevice fills device memory in order on `stream`
+// (recorded when it captures); PoisonReusedHost fills pinned memory at once
+// (no device work may still use it). Both return cudaErrorInvalidValue
+// unless the range lies inside one live allocation of the kind.
+cudaError_t PoisonReusedDevice(void* device, size_t bytes, cudaStream_t stream);
+cudaError_t PoisonReusedHost(void* host, size_t bytes);
+// Bytes poisoned by those two so far (for tests).
+uint64_t ReusePoisonedBytes();
+
 }  // namespace pdserve::gpuemu
 
 #include "gpu_emulation/launch.h"

@@ -5,7 +5,7 @@
 // Each emulated GPU thread is a fiber; the fibers of one block run on one OS
 // thread, switched only inside the synchronising builtins below, so
 // `threadIdx` and friends are thread_local globals the block scheduler sets
-// before it resumes a fiber (see block_runner.h). Strict rules, each of which
+// before it resumes a fiber (see launch.cc). Strict rules, each of which
 // fails the launch (cudaErrorLaunchFailure, with a message from
 // pdserve::gpuemu::LastFailureMessage()):
 //   * __syncthreads must be reached by every thread of the block, from the

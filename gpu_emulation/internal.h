@@ -117,8 +117,14 @@ cudaError_t SetLastError(cudaError_t error);
 // Runs every block of `launch`; returns "" or what failed.
 std::string RunGrid(const KernelLaunch& launch);
 
+// What fresh and reused memory is filled with: NaN as f32, bf16 and f16,
+// -1 as integers.
+inline constexpr unsigned char kPoison = 0xff;
+
 // Whether [p, p + n) lies inside one live device allocation.
 bool DeviceRange(const void* p, size_t n);
+// Whether [p, p + n) lies inside one live cudaMallocHost allocation.
+bool PinnedRange(const void* p, size_t n);
 
 // The dynamic shared memory a launch of `func` may use.
 size_t MaxDynamicShared(const void* func);

@@ -2,12 +2,18 @@
 // the block scheduler that runs each block's threads as fibers.
 //
 // Block scheduler: every thread of the block is a Boost.Context fiber on a
-// pooled stack. A phase resumes each runnable fiber in turn until it blocks
-// (at __syncthreads or a warp intrinsic) or exits; the order alternates with
-// the phase and the block, so a read of shared memory that lacks a barrier
-// sees unwritten (poisoned) data in some block whichever way it looks. After
-// a phase, complete warp groups are resolved first, then the barrier; if
-// neither can proceed the block has diverged and the launch fails.
+// pooled stack, resumed until it blocks (at __syncthreads or a warp
+// intrinsic) or exits. Between two barriers the warps take turns in an order
+// drawn from the schedule seed, the launch shape and the block index (see
+// RunInterval): mostly one warp runs ahead to the barrier before the next
+// starts, sometimes all advance in lockstep. So a read of shared memory that
+// lacks a barrier sees unwritten (poisoned) data in some block, and a write
+// that lacks a barrier after other warps' reads (write-after-read)
+// overwrites what a slower warp has yet to read. Within a warp the lanes run
+// in ascending or descending order by turns. A warp group completes once
+// all its lanes arrived; if at the end of an interval not every thread
+// waits at the same barrier (or has exited), the block has diverged and the
+// launch fails.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -50,6 +56,7 @@ void StartSwitch(void**, const StackBounds&) {}
 void FinishSwitch(void*, StackBounds*) {}
 #endif
 
+constexpr unsigned kWarpLanes = 32;
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
 constexpr unsigned kMaxGridDim[3] = {2147483647u, 65535, 65535};
@@ -58,6 +65,41 @@ constexpr size_t kStackBytes = 1 << 20;  // ASan frames are large
 #else
 constexpr size_t kStackBytes = 256 << 10;
 #endif
+
+std::atomic<uint64_t> g_schedule_seed{[] {
+  const char* env = std::getenv("PDSERVE_GPUEMU_SEED");
+  return env != nullptr ? std::strtoull(env, nullptr, 0) : kDefaultScheduleSeed;
+}()};
+
+// SplitMix64: a small generator whose stream is fixed by its seed.
+class ScheduleRng {
+ public:
+  explicit ScheduleRng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n), n > 0 (the bias of a 64-bit modulus is negligible).
+  uint32_t Below(uint32_t n) { return static_cast<uint32_t>(Next() % n); }
+
+ private:
+  uint64_t state_;
+};
+
+// The schedule of one block: fixed by the seed, the launch's shape and the
+// block's index (not by the kernel's address, which moves between runs).
+ScheduleRng BlockRng(uint64_t seed, const KernelLaunch& launch, unsigned block_linear) {
+  ScheduleRng mix(seed);
+  uint64_t h = mix.Next();
+  for (uint64_t v : {uint64_t{launch.grid.x}, uint64_t{launch.grid.y}, uint64_t{launch.grid.z},
+                     uint64_t{launch.block.x}, uint64_t{launch.block.y}, uint64_t{launch.block.z},
+                     uint64_t{launch.shared_bytes}, uint64_t{block_linear}}) {
+    h = ScheduleRng(h ^ v).Next();
+  }
+  return ScheduleRng(h);
+}
 
 // Fiber stacks, reused across blocks by the OS thread that owns the pool.
 // Each stack has a guard page below it, so an overflow faults.
@@ -181,14 +223,13 @@ class BlockRunner {
                      [this, &t](ctx::fiber&& scheduler) { return Body(t, std::move(scheduler)); });
     }
     t_runner = this;
-    for (unsigned phase = 0;; ++phase) {
-      const bool forward = (phase + block_linear) % 2 == 0;
-      for (unsigned k = 0; k < n && error_.empty(); ++k) {
-        EmuThread& t = threads_[forward ? k : n - 1 - k];
-        if (t.state != State::kRunnable) continue;
-        Resume(t);
-      }
-      t_thread = nullptr;
+    const unsigned warps = (n + kWarpLanes - 1) / kWarpLanes;
+    order_.resize(warps);
+    for (unsigned w = 0; w < warps; ++w) order_[w] = w;
+    rng_ = BlockRng(ScheduleSeed(), launch, block_linear);
+    turn_ = block_linear;
+    while (error_.empty()) {
+      RunInterval();
       if (!error_.empty()) break;
       unsigned exited = 0, at_barrier = 0;
       for (const EmuThread& t : threads_) {
@@ -196,25 +237,20 @@ class BlockRunner {
         at_barrier += t.state == State::kBarrier;
       }
       if (exited == n) break;
-      if (ResolveWarps() || !error_.empty()) {
-        if (!error_.empty()) break;
-        continue;
+      if (at_barrier != n) {
+        error_ = Stuck(exited, at_barrier);
+        break;
       }
-      if (at_barrier == n) {
-        const void* site = threads_[0].barrier_site;
-        for (const EmuThread& t : threads_) {
-          if (t.barrier_site != site) {
-            error_ = "threads " + std::to_string(threads_[0].linear) + " and " +
-                     std::to_string(t.linear) + " wait at different __syncthreads call sites";
-            break;
-          }
+      const void* site = threads_[0].barrier_site;
+      for (const EmuThread& t : threads_) {
+        if (t.barrier_site != site) {
+          error_ = "threads " + std::to_string(threads_[0].linear) + " and " +
+                   std::to_string(t.linear) + " wait at different __syncthreads call sites";
+          break;
         }
-        if (!error_.empty()) break;
-        for (EmuThread& t : threads_) t.state = State::kRunnable;
-        continue;
       }
-      error_ = Stuck(exited, at_barrier);
-      break;
+      if (!error_.empty()) break;
+      for (EmuThread& t : threads_) t.state = State::kRunnable;
     }
     if (!error_.empty()) Abandon();
     threads_.clear();
@@ -279,6 +315,54 @@ class BlockRunner {
     for (;;) Suspend();
   }
 
+  // Runs the block from a barrier (or its start) until every thread waits
+  // at the next barrier, has exited, or cannot go on. The warps take turns
+  // in an order drawn from rng_, one of two ways, also drawn: mostly each
+  // warp runs ahead alone through all its warp intrinsics up to the
+  // barrier, so a warp may overwrite shared memory that a later warp has
+  // not read yet; otherwise the warps advance in lockstep, one warp
+  // intrinsic at a time, so accesses of different warps interleave.
+  void RunInterval() {
+    for (size_t i = order_.size(); i > 1; --i) {
+      std::swap(order_[i - 1], order_[rng_.Below(static_cast<uint32_t>(i))]);
+    }
+    if (rng_.Below(4) != 0) {
+      for (unsigned w : order_) {
+        do {
+          RunWarp(w);
+        } while (error_.empty() && ResolveWarp(w));
+        if (!error_.empty()) return;
+      }
+      return;
+    }
+    for (bool progressed = true; progressed && error_.empty();) {
+      for (unsigned w : order_) {
+        RunWarp(w);
+        if (!error_.empty()) return;
+      }
+      progressed = false;
+      for (unsigned w : order_) {
+        progressed |= ResolveWarp(w);
+        if (!error_.empty()) return;
+      }
+    }
+  }
+
+  // Resumes every runnable thread of warp `w` until it blocks or ends, the
+  // lanes in ascending or descending order by turns, so that a read of
+  // shared memory written by another lane without a barrier sees unwritten
+  // data in some warp whichever way it looks.
+  void RunWarp(unsigned w) {
+    const unsigned n = static_cast<unsigned>(threads_.size());
+    const unsigned base = w * kWarpLanes, lanes = std::min(kWarpLanes, n - base);
+    const bool forward = turn_++ % 2 == 0;
+    for (unsigned k = 0; k < lanes && error_.empty(); ++k) {
+      EmuThread& t = threads_[base + (forward ? k : lanes - 1 - k)];
+      if (t.state == State::kRunnable) Resume(t);
+    }
+    t_thread = nullptr;
+  }
+
   // Resumes `t` until it suspends or ends.
   void Resume(EmuThread& t) {
     t_thread = &t;
@@ -293,7 +377,9 @@ class BlockRunner {
     FinishSwitch(nullptr, &scheduler_stack_);
     t.caller = std::move(scheduler);
     try {
-      launch_->body();
+      // A thread first resumed by Abandon (its warp never ran before the
+      // block failed) ends without running the kernel.
+      if (!abandoning_) launch_->body();
     } catch (const ctx::detail::forced_unwind&) {
       throw;
     } catch (const TrapUnwind&) {
@@ -307,46 +393,46 @@ class BlockRunner {
     return std::move(t.caller);
   }
 
-  // Completes every warp group whose lanes have all arrived; records an
-  // error for groups that can never complete. Returns whether any completed.
-  bool ResolveWarps() {
+  // Completes every group of warp `w` whose lanes have all arrived; records
+  // an error for a group that can never complete. Returns whether any
+  // completed.
+  bool ResolveWarp(unsigned w) {
     const unsigned n = static_cast<unsigned>(threads_.size());
+    const unsigned base = w * kWarpLanes;
     bool progressed = false;
-    for (unsigned base = 0; base < n && error_.empty(); base += 32) {
-      for (unsigned lane = 0; lane < 32 && base + lane < n; ++lane) {
-        EmuThread& t = threads_[base + lane];
-        if (t.state != State::kWarpOp) continue;
-        const unsigned mask = t.mask;
-        const std::string who = "thread " + std::to_string(t.linear) + " (" + OpName(t.op) +
-                                ", mask " + Hex(mask) + "): ";
-        if (!(mask >> lane & 1U)) {
-          error_ = who + "the mask does not name the calling lane";
+    for (unsigned lane = 0; lane < kWarpLanes && base + lane < n; ++lane) {
+      EmuThread& t = threads_[base + lane];
+      if (t.state != State::kWarpOp) continue;
+      const unsigned mask = t.mask;
+      const std::string who = "thread " + std::to_string(t.linear) + " (" + OpName(t.op) +
+                              ", mask " + Hex(mask) + "): ";
+      if (!(mask >> lane & 1U)) {
+        error_ = who + "the mask does not name the calling lane";
+        return false;
+      }
+      bool complete = true;
+      for (unsigned m = 0; m < kWarpLanes; ++m) {
+        if (!(mask >> m & 1U)) continue;
+        if (base + m >= n) {
+          error_ = who + "lane " + std::to_string(m) + " of the mask does not exist (block of " +
+                   std::to_string(n) + " threads)";
           return false;
         }
-        bool complete = true;
-        for (unsigned m = 0; m < 32; ++m) {
-          if (!(mask >> m & 1U)) continue;
-          if (base + m >= n) {
-            error_ = who + "lane " + std::to_string(m) + " of the mask does not exist (block of " +
-                     std::to_string(n) + " threads)";
-            return false;
-          }
-          const EmuThread& u = threads_[base + m];
-          if (u.state == State::kExited) {
-            error_ = who + "lane " + std::to_string(m) + " of the mask has exited";
-            return false;
-          }
-          if (u.state == State::kWarpOp && (u.mask != mask || u.op != t.op)) {
-            error_ = who + "lane " + std::to_string(m) + " is at " + OpName(u.op) + " with mask " +
-                     Hex(u.mask);
-            return false;
-          }
-          if (u.state != State::kWarpOp) complete = false;
+        const EmuThread& u = threads_[base + m];
+        if (u.state == State::kExited) {
+          error_ = who + "lane " + std::to_string(m) + " of the mask has exited";
+          return false;
         }
-        if (!complete) continue;
-        if (!Complete(base, mask)) return false;
-        progressed = true;
+        if (u.state == State::kWarpOp && (u.mask != mask || u.op != t.op)) {
+          error_ = who + "lane " + std::to_string(m) + " is at " + OpName(u.op) + " with mask " +
+                   Hex(u.mask);
+          return false;
+        }
+        if (u.state != State::kWarpOp) complete = false;
       }
+      if (!complete) continue;
+      if (!Complete(base, mask)) return false;
+      progressed = true;
     }
     return progressed;
   }
@@ -430,8 +516,11 @@ class BlockRunner {
     return s;
   }
 
-  // Ends every fiber that has not finished: resumed, it throws TrapUnwind
-  // from its suspension point, which unwinds the kernel's frames.
+  // Ends every fiber that has not finished, through the annotated switch
+  // (a fiber destroyed unfinished would be unwound by Boost.Context behind
+  // ASan's back): resumed, a suspended one throws TrapUnwind from its
+  // suspension point, which unwinds the kernel's frames; one never started
+  // ends at once.
   void Abandon() {
     abandoning_ = true;
     for (EmuThread& t : threads_) {
@@ -445,6 +534,9 @@ class BlockRunner {
   StackBounds scheduler_stack_;  // the OS thread's stack, for ASan
   bool abandoning_ = false;
   std::vector<EmuThread> threads_;
+  std::vector<unsigned> order_;  // warp indices, drawn per barrier interval
+  ScheduleRng rng_{0};
+  unsigned turn_ = 0;  // alternates the lane order of RunWarp
   std::vector<unsigned char> shared_;
   const KernelLaunch* launch_ = nullptr;
   std::string error_;
@@ -553,6 +645,9 @@ class GridPool {
 };
 
 }  // namespace
+
+void SetScheduleSeed(uint64_t seed) { g_schedule_seed.store(seed, std::memory_order_relaxed); }
+uint64_t ScheduleSeed() { return g_schedule_seed.load(std::memory_order_relaxed); }
 
 std::string RunGrid(const KernelLaunch& launch) {
   auto job = std::make_shared<GridJob>();

@@ -25,7 +25,6 @@ constexpr size_t kTotalMemory = size_t{80} << 30;
 constexpr size_t kDefaultSharedBytes = 48 << 10;
 constexpr size_t kOptinSharedBytes = 227 << 10;
 constexpr size_t kAllocationAlignment = 256;
-constexpr unsigned char kPoison = 0xff;
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 
@@ -122,6 +121,15 @@ bool AllocationRange(const void* p, void** base, size_t* size) {
   *base = reinterpret_cast<void*>(it->first);
   *size = it->second.size;
   return true;
+}
+
+bool PinnedRange(const void* p, size_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  auto it = g_allocations.upper_bound(a);
+  if (it == g_allocations.begin()) return false;
+  --it;
+  return !it->second.device && a + n <= it->first + it->second.size && a + n >= a;
 }
 
 bool DeviceRange(const void* p, size_t n) {

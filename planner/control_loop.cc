@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::planner {

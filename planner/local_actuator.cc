@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "common/prometheus_text.h"
 #include "nlohmann/json.hpp"
 

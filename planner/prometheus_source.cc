@@ -5,7 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::planner {

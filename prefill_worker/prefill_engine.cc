@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 
 namespace pdserve::prefill {
 
@@ -52,32 +52,33 @@ PrefillEngine::PrefillEngine(PrefillEngineOptions options, engine::ModelRunner* 
       runner_(runner),
       metrics_(metrics),
       sends_(std::make_shared<SendTracker>()),
-      scheduler_(SchedulerOptionsFor(options), runner->config(), runner->num_kv_blocks(),
-                 runner->kv_block_size()) {
+      core_({.scheduler = SchedulerOptionsFor(options), .step_target = options.step_target}, runner,
+            this) {
   {
     absl::MutexLock lock(&sends_->mu);
     sends_->metrics = metrics;
     sends_->engine = this;
   }
-  thread_ = std::thread([this] { Loop(); });
+  core_.Start();
 }
 
 PrefillEngine::~PrefillEngine() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  thread_.join();
+  core_.Stop();
   // The loop has ended: whatever is left never ran to the end, or never
   // got its session.
   const absl::Status why = absl::UnavailableError("prefill worker is shutting down");
-  for (auto& [id, job] : jobs_) {
+  std::vector<Job> left;
+  {
+    auto access = core_.Read();
+    for (auto& [id, job] : jobs_) left.push_back(std::move(job));
+    jobs_.clear();
+    for (auto& [id, d] : deferred_) left.push_back(std::move(d.job));
+    deferred_.clear();
+  }
+  for (Job& job : left) {
     if (job.kv_session != nullptr) job.kv_session->Abort(why);
     job.ticket->Complete(why);
   }
-  jobs_.clear();
-  for (auto& [id, d] : deferred_) d.job.ticket->Complete(why);
-  deferred_.clear();
   // Wait (bounded) for the receivers' acks of sends in flight; callbacks set
   // the count under the tracker's lock, so this wakes as soon as they are in.
   std::vector<std::unique_ptr<kvtransfer::SendSession>> sessions;
@@ -126,17 +127,18 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
       !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
-  if (stop_) return absl::UnavailableError("prefill worker is shutting down");
+  auto access = core_.Change();
+  engine::Scheduler& scheduler = access.scheduler();
+  if (access.stopping()) return absl::UnavailableError("prefill worker is shutting down");
   if (static_cast<int>(jobs_.size()) >= options_.max_queued_requests) {
     return absl::ResourceExhaustedError(
         absl::StrCat("prefill queue full (", options_.max_queued_requests, " requests)"));
   }
   auto ticket = std::make_shared<PrefillTicket>(static_cast<int>(jobs_.size()),
-                                                scheduler_.pending_prompt_tokens());
+                                                scheduler.pending_prompt_tokens());
   const engine::SeqId id = next_seq_++;
   if (absl::Status s =
-          scheduler_.AddPrompt(id, std::move(request.prompt), request.sampling, request.generated);
+          scheduler.AddPrompt(id, std::move(request.prompt), request.sampling, request.generated);
       !s.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", n, " tokens exceeds this prefill worker's KV cache: ", s.message()));
@@ -146,7 +148,6 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillEngine::Submit(PrefillRequ
                         .ticket = ticket,
                         .prompt_len = n,
                         .enqueued = absl::Now()});
-  wake_ = true;
   UpdateGaugesLocked();
   return ticket;
 }
@@ -156,7 +157,8 @@ void PrefillEngine::AttachKvSession(
     absl::StatusOr<std::unique_ptr<kvtransfer::SendSession>> session) {
   std::optional<Deferred> computed;
   {
-    absl::MutexLock lock(&mu_);
+    auto access = core_.Change();
+    engine::Scheduler& scheduler = access.scheduler();
     for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
       Job& job = it->second;
       if (job.ticket != ticket) continue;
@@ -168,7 +170,7 @@ void PrefillEngine::AttachKvSession(
       // Nowhere to send its KV: it stops now, or when its step ends.
       job.kv_open_error = session.status();
       metrics_->CountKvTransferFailure(session.status());
-      if (!scheduler_.Cancel(it->first)) return;
+      if (!scheduler.Cancel(it->first)) return;
       jobs_.erase(it);
       UpdateGaugesLocked();
       ticket->Complete(session.status());
@@ -181,7 +183,7 @@ void PrefillEngine::AttachKvSession(
       break;
     }
     if (computed.has_value() && !session.ok()) {
-      scheduler_.Release(computed->id);
+      scheduler.Release(computed->id);
       UpdateGaugesLocked();
     }
   }
@@ -202,11 +204,12 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
   std::unique_ptr<kvtransfer::SendSession> session;
   bool found = false;
   {
-    absl::MutexLock lock(&mu_);
+    auto access = core_.Change();
+    engine::Scheduler& scheduler = access.scheduler();
     for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
       if (it->second.ticket != ticket) continue;
       // In a step: the engine thread ends it when the step completes.
-      if (!scheduler_.Cancel(it->first)) return;
+      if (!scheduler.Cancel(it->first)) return;
       session = std::move(it->second.kv_session);
       jobs_.erase(it);
       found = true;
@@ -214,7 +217,7 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
     }
     for (auto it = deferred_.begin(); !found && it != deferred_.end(); ++it) {
       if (it->second.job.ticket != ticket) continue;
-      scheduler_.Release(it->first);
+      scheduler.Release(it->first);
       deferred_.erase(it);
       found = true;
       break;
@@ -228,228 +231,224 @@ void PrefillEngine::Cancel(const std::shared_ptr<PrefillTicket>& ticket) {
 }
 
 PrefillLoad PrefillEngine::load() const {
-  absl::MutexLock lock(&mu_);
-  PrefillLoad load{.queued_tokens = scheduler_.pending_prompt_tokens(),
+  auto access = core_.Read();
+  const engine::Scheduler& scheduler = access.scheduler();
+  const engine::EngineProgress progress = core_.ProgressLocked();
+  PrefillLoad load{.queued_tokens = scheduler.pending_prompt_tokens(),
                    .queued_requests = static_cast<int>(jobs_.size()),
-                   .progress = steps_completed_ + layers_computed_.load(),
-                   .has_work = stepping_ && !jobs_.empty(),
-                   .tokens_per_second = tokens_per_second_};
-  if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler_.kv().CachedHashDigest();
-  constexpr int kUnhealthyAfter = 3;
-  if (failed_steps_in_a_row_ >= kUnhealthyAfter) {
-    load.unhealthy_reason =
-        absl::StrCat("its last ", failed_steps_in_a_row_, " steps failed: ", last_step_error_);
-  }
+                   .progress = progress.steps_completed + layers_computed_.load(),
+                   .has_work = progress.has_work,
+                   .tokens_per_second = progress.tokens_per_second,
+                   .unhealthy_reason = progress.unhealthy_reason};
+  if (options_.enable_prefix_caching) load.cached_block_hashes = scheduler.kv().CachedHashDigest();
   return load;
 }
 
 void PrefillEngine::UpdateGaugesLocked() {
-  metrics_->queue_depth.Set(scheduler_.num_waiting());
-  metrics_->queued_tokens.Set(static_cast<double>(scheduler_.pending_prompt_tokens()));
-  metrics_->kv_cache_usage.Set(scheduler_.kv().usage_ratio());
+  const engine::Scheduler& scheduler = core_.scheduler_locked();
+  metrics_->queue_depth.Set(scheduler.num_waiting());
+  metrics_->queued_tokens.Set(static_cast<double>(scheduler.pending_prompt_tokens()));
+  metrics_->kv_cache_usage.Set(scheduler.kv().usage_ratio());
 }
 
-void PrefillEngine::Loop() {
-  const engine::ModelConfig& config = runner_->config();
-  while (true) {
-    engine::ScheduledStep step;
-    std::vector<Job*> jobs;
-    std::vector<kvtransfer::SendSession*> sessions;  // as attached when planned
-    std::vector<Job*> starting;                      // to tell they started
-    absl::Time start;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
-      if (stop_) return;
-      wake_ = false;
-      const absl::Time plan_start = absl::Now();
-      step = scheduler_.Schedule();
-      start = absl::Now();
-      metrics_->scheduler_step_seconds.Observe(absl::ToDoubleSeconds(start - plan_start));
-      metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
-      metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
-      stepping_ = !step.empty();
-      if (step.empty()) continue;
-      wake_ = true;  // plan again right after this step
-      for (engine::SeqId id : step.ids) {
-        Job& job = jobs_.at(id);
-        if (!job.started_set) {
-          job.started = start;
-          job.started_set = true;
-          metrics_->queue_wait.Observe(absl::ToDoubleSeconds(start - job.enqueued));
-          job.ticket->Start();  // its caller opens the KV session now
-        }
-        jobs.push_back(&job);
-        sessions.push_back(job.kv_session.get());
-      }
-      running_tokens_ = step.num_tokens;
-      running_requests_ = static_cast<int>(step.ids.size());
-      UpdateGaugesLocked();
-    }
-
-    double flops = 0;
-    for (size_t i = 0; i < step.ids.size(); ++i) {
-      const engine::StepSequence& s = step.batch.seqs[i];
-      flops += config.PrefillFlops(s.num_cached + static_cast<int>(s.tokens.size())) -
-               config.PrefillFlops(s.num_cached);
-    }
-    std::vector<absl::Status> send_status(step.ids.size());
-    std::vector<size_t> sent_bytes(step.ids.size(), 0);
-    absl::Time first_layer_sent = absl::InfiniteFuture();
-    const absl::StatusOr<engine::StepOutput> output =
-        RunStep(step, jobs, sessions, send_status, sent_bytes, first_layer_sent);
-    const absl::Time compute_end = absl::Now();
-    const double seconds = absl::ToDoubleSeconds(compute_end - start);
-    metrics_->step_seconds.Observe(seconds);
-    metrics_->batch_tokens.Observe(step.num_tokens);
-    if (output.ok() && seconds > 0) {
-      metrics_->achieved_flops.Set(flops / seconds);
-      if (options_.peak_flops > 0) metrics_->mfu.Set(flops / seconds / options_.peak_flops);
-    }
-    const absl::Time transfer_start = std::min(first_layer_sent, compute_end);
-
-    // Outcomes are handed out after the lock is released.
-    struct Done {
-      engine::SeqId id = 0;
-      Job job;
-      std::optional<engine::SampledToken> first;
-      absl::Status error;
-      size_t sent_bytes = 0;
-    };
-    std::vector<Done> done;
-    std::vector<Deferred> late;  // computed, session attached during the step
-    {
-      absl::MutexLock lock(&mu_);
-      ++steps_completed_;
-      if (output.ok()) {
-        failed_steps_in_a_row_ = 0;
-        if (seconds > 0) {
-          const double rate = step.num_tokens / seconds;
-          tokens_per_second_ =
-              tokens_per_second_ == 0 ? rate : 0.8 * tokens_per_second_ + 0.2 * rate;
-        }
-      } else {
-        ++failed_steps_in_a_row_;
-        last_step_error_ = std::string(output.status().message());
-      }
-      const std::vector<engine::SequenceUpdate> updates = scheduler_.Complete(step, output);
-      for (size_t i = 0; i < updates.size(); ++i) {
-        const engine::SequenceUpdate& u = updates[i];
-        auto it = jobs_.find(u.id);
-        if (it == jobs_.end()) continue;
-        if (u.cancelled) {
-          absl::Status why = it->second.kv_open_error.ok()
-                                 ? absl::CancelledError("prefill cancelled by the caller")
-                                 : it->second.kv_open_error;
-          done.push_back({.job = std::move(it->second), .error = std::move(why)});
-        } else if (!u.error.ok()) {
-          done.push_back(
-              {.job = std::move(it->second),
-               .error = absl::InternalError(absl::StrCat("prefill failed: ", u.error.message()))});
-        } else if (u.token.has_value() && sessions[i] == nullptr) {
-          // Computed before its session was attached: the KV goes now if it
-          // arrived during the step, else when it does.
-          Job& job = it->second;
-          if (!job.kv_open_error.ok()) {  // counted when it was attached
-            scheduler_.Release(u.id);
-            absl::Status error = job.kv_open_error;
-            done.push_back({.job = std::move(job), .error = std::move(error)});
-          } else {
-            // Held by the scheduler until released (the step's own spans
-            // are gone once it completed).
-            const engine::Scheduler::Sequence* held = scheduler_.Find(u.id);
-            Deferred d{.id = u.id,
-                       .job = std::move(job),
-                       .first = *u.token,
-                       .block_table = held->block_table,
-                       .compute_end = compute_end,
-                       .compute_seconds = seconds};
-            if (d.job.kv_session != nullptr) {
-              late.push_back(std::move(d));
-            } else {
-              deferred_.emplace(u.id, std::move(d));
-            }
-          }
-        } else if (u.token.has_value()) {
-          // The transport reads the blocks until the send is done (FinishJob
-          // releases them then); a send that already failed reads nothing
-          // more once aborted below, before the next step can reuse them.
-          if (!send_status[i].ok()) scheduler_.Release(u.id);
-          done.push_back({.id = u.id,
-                          .job = std::move(it->second),
-                          .first = *u.token,
-                          .error = send_status[i],
-                          .sent_bytes = sent_bytes[i]});
-        } else {
-          continue;  // a chunk of a longer prompt: more steps to come
-        }
-        jobs_.erase(it);
-      }
-      running_tokens_ = 0;
-      running_requests_ = 0;
-      UpdateGaugesLocked();
-    }
-    for (Deferred& d : late) SendAllAndFinish(std::move(d));
-    for (Done& d : done) {
-      metrics_->requests.Increment();
-      metrics_->prompt_tokens.Increment(d.job.prompt_len);
-      if (!d.first.has_value()) {
-        if (d.job.kv_session != nullptr) d.job.kv_session->Abort(d.error);
-        d.job.ticket->Complete(d.error);
-      } else if (!d.error.ok()) {
-        metrics_->CountKvTransferFailure(d.error);
-        d.job.kv_session->Abort(d.error);
-        d.job.ticket->Complete(absl::UnavailableError(
-            absl::StrCat("KV transfer to the decode worker failed: ", d.error.message())));
-      } else {
-        FinishJob(d.id, d.job, *std::move(d.first), d.sent_bytes, transfer_start, compute_end,
-                  seconds);
-      }
-    }
+void PrefillEngine::OnPlanned(const engine::ScheduledStep& step, double plan_seconds) {
+  metrics_->scheduler_step_seconds.Observe(plan_seconds);
+  metrics_->prefix_cache_queries.Increment(step.prefix_query_tokens);
+  metrics_->prefix_cache_hits.Increment(step.prefix_hit_tokens);
+  for (const auto& [id, why] : step.failed) {  // freed by the scheduler
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    if (it->second.kv_session != nullptr) it->second.kv_session->Abort(why);
+    it->second.ticket->Complete(why);
+    jobs_.erase(it);
   }
 }
 
-absl::StatusOr<engine::StepOutput> PrefillEngine::RunStep(
-    engine::ScheduledStep& step, const std::vector<Job*>& jobs,
-    const std::vector<kvtransfer::SendSession*>& sessions, std::vector<absl::Status>& send_status,
-    std::vector<size_t>& sent_bytes, absl::Time& first_layer_sent) {
-  absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner_->Enqueue(step.batch);
-  if (!handle.ok()) return handle.status();
-  // Queue layer i of every prompt this step finishes (all its tokens,
+// One planned prefill step: the prompts' jobs and sessions as attached when
+// it was planned, what was sent of each, and the outcomes to hand out.
+class PrefillEngine::Step final : public engine::EngineStep {
+ public:
+  Step(PrefillEngine* engine, const engine::ScheduledStep& step, absl::Time planned)
+      : engine_(*engine),
+        num_tokens_(step.num_tokens),
+        planned_(planned),
+        send_status_(step.ids.size()),
+        sent_bytes_(step.ids.size(), 0) {
+    const engine::ModelConfig& config = engine_.runner_->config();
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      Job& job = engine_.jobs_.at(step.ids[i]);
+      if (!job.started_set) {
+        job.started = planned;
+        job.started_set = true;
+        engine_.metrics_->queue_wait.Observe(absl::ToDoubleSeconds(planned - job.enqueued));
+        job.ticket->Start();  // its caller opens the KV session now
+      }
+      jobs_.push_back(&job);
+      sessions_.push_back(job.kv_session.get());
+      const engine::StepSequence& s = step.batch.seqs[i];
+      flops_ += config.PrefillFlops(s.num_cached + static_cast<int>(s.tokens.size())) -
+                config.PrefillFlops(s.num_cached);
+    }
+  }
+
+  // Queues layer i of every prompt this step finishes (all its tokens,
   // earlier chunks included) on its session as soon as it is computed, while
   // the runner computes layer i+1. Sessions that order their reads after the
   // layer's device event get it at once; the others once the host has seen
   // the layer complete.
-  bool host_wait = false;
-  for (size_t i = 0; i < step.ids.size(); ++i) {
-    if (step.batch.seqs[i].sampling != nullptr && sessions[i] != nullptr &&
-        !sessions[i]->OrdersOnDeviceEvents()) {
-      host_wait = true;
-    }
-  }
-  const size_t layer_bytes = runner_->LayerKvBytes(1);
-  for (int layer = 0; layer < runner_->config().num_layers; ++layer) {
-    void* event = (*handle)->LayerDeviceEvent(layer);
-    if (host_wait || event == nullptr) {
-      if (!(*handle)->WaitLayer(layer).ok()) break;  // Wait() reports the error
-      layers_computed_.fetch_add(1);
-    }
-    if (layer == 0) first_layer_sent = absl::Now();
+  absl::StatusOr<engine::StepOutput> Run(const engine::ScheduledStep& step,
+                                         engine::StepHandle& handle) override {
+    bool host_wait = false;
     for (size_t i = 0; i < step.ids.size(); ++i) {
-      const engine::StepSequence& seq = step.batch.seqs[i];
-      if (seq.sampling == nullptr || sessions[i] == nullptr || !send_status[i].ok()) continue;
-      const int n = jobs[i]->prompt_len;
-      send_status[i] = sessions[i]->SendLayer(
-          {.layer = layer,
-           .token_begin = 0,
-           .num_tokens = n,
-           .block_table = seq.block_table,
-           .ready_event = sessions[i]->OrdersOnDeviceEvents() ? event : nullptr});
-      if (send_status[i].ok()) sent_bytes[i] += layer_bytes * n;
+      if (step.batch.seqs[i].sampling != nullptr && sessions_[i] != nullptr &&
+          !sessions_[i]->OrdersOnDeviceEvents()) {
+        host_wait = true;
+      }
+    }
+    const size_t layer_bytes = engine_.runner_->LayerKvBytes(1);
+    for (int layer = 0; layer < engine_.runner_->config().num_layers; ++layer) {
+      void* event = handle.LayerDeviceEvent(layer);
+      if (host_wait || event == nullptr) {
+        if (!handle.WaitLayer(layer).ok()) break;  // Wait() reports the error
+        engine_.layers_computed_.fetch_add(1);
+      }
+      if (layer == 0) first_layer_sent_ = absl::Now();
+      for (size_t i = 0; i < step.ids.size(); ++i) {
+        const engine::StepSequence& seq = step.batch.seqs[i];
+        if (seq.sampling == nullptr || sessions_[i] == nullptr || !send_status_[i].ok()) continue;
+        const int n = jobs_[i]->prompt_len;
+        send_status_[i] = sessions_[i]->SendLayer(
+            {.layer = layer,
+             .token_begin = 0,
+             .num_tokens = n,
+             .block_table = seq.block_table,
+             .ready_event = sessions_[i]->OrdersOnDeviceEvents() ? event : nullptr});
+        if (send_status_[i].ok()) sent_bytes_[i] += layer_bytes * n;
+      }
+    }
+    return handle.Wait();
+  }
+
+  void Apply(const std::vector<engine::SequenceUpdate>& updates,
+             const absl::StatusOr<engine::StepOutput>& output,
+             const engine::StepTiming& timing) override {
+    engine::Scheduler& scheduler = engine_.core_.scheduler_locked();
+    ok_ = output.ok();
+    compute_end_ = timing.completed;
+    seconds_ = absl::ToDoubleSeconds(timing.completed - planned_);
+    for (size_t i = 0; i < updates.size(); ++i) {
+      const engine::SequenceUpdate& u = updates[i];
+      auto it = engine_.jobs_.find(u.id);
+      if (it == engine_.jobs_.end()) continue;
+      if (u.cancelled) {
+        absl::Status why = it->second.kv_open_error.ok()
+                               ? absl::CancelledError("prefill cancelled by the caller")
+                               : it->second.kv_open_error;
+        done_.push_back({.job = std::move(it->second), .error = std::move(why)});
+      } else if (!u.error.ok()) {
+        done_.push_back(
+            {.job = std::move(it->second),
+             .error = absl::InternalError(absl::StrCat("prefill failed: ", u.error.message()))});
+      } else if (u.token.has_value() && sessions_[i] == nullptr) {
+        // Computed before its session was attached: the KV goes now if it
+        // arrived during the step, else when it does.
+        Job& job = it->second;
+        if (!job.kv_open_error.ok()) {  // counted when it was attached
+          scheduler.Release(u.id);
+          absl::Status error = job.kv_open_error;
+          done_.push_back({.job = std::move(job), .error = std::move(error)});
+        } else {
+          // Held by the scheduler until released (the step's own spans
+          // are gone once it completed).
+          const engine::Scheduler::Sequence* held = scheduler.Find(u.id);
+          Deferred d{.id = u.id,
+                     .job = std::move(job),
+                     .first = *u.token,
+                     .block_table = held->block_table,
+                     .compute_end = compute_end_,
+                     .compute_seconds = seconds_};
+          if (d.job.kv_session != nullptr) {
+            late_.push_back(std::move(d));
+          } else {
+            engine_.deferred_.emplace(u.id, std::move(d));
+          }
+        }
+      } else if (u.token.has_value()) {
+        // The transport reads the blocks until the send is done (FinishJob
+        // releases them then); a send that already failed reads nothing
+        // more once aborted below, before the next step can reuse them.
+        if (!send_status_[i].ok()) scheduler.Release(u.id);
+        done_.push_back({.id = u.id,
+                         .job = std::move(it->second),
+                         .first = *u.token,
+                         .error = send_status_[i],
+                         .sent_bytes = sent_bytes_[i]});
+      } else {
+        continue;  // a chunk of a longer prompt: more steps to come
+      }
+      engine_.jobs_.erase(it);
     }
   }
-  return (*handle)->Wait();
+
+  void Deliver() override {
+    PrefillMetrics& metrics = *engine_.metrics_;
+    metrics.step_seconds.Observe(seconds_);
+    metrics.batch_tokens.Observe(num_tokens_);
+    if (ok_ && seconds_ > 0) {
+      metrics.achieved_flops.Set(flops_ / seconds_);
+      if (engine_.options_.peak_flops > 0) {
+        metrics.mfu.Set(flops_ / seconds_ / engine_.options_.peak_flops);
+      }
+    }
+    const absl::Time transfer_start = std::min(first_layer_sent_, compute_end_);
+    for (Deferred& d : late_) engine_.SendAllAndFinish(std::move(d));
+    for (Done& d : done_) {
+      metrics.requests.Increment();
+      metrics.prompt_tokens.Increment(d.job.prompt_len);
+      if (!d.first.has_value()) {
+        if (d.job.kv_session != nullptr) d.job.kv_session->Abort(d.error);
+        d.job.ticket->Complete(d.error);
+      } else if (!d.error.ok()) {
+        metrics.CountKvTransferFailure(d.error);
+        d.job.kv_session->Abort(d.error);
+        d.job.ticket->Complete(absl::UnavailableError(
+            absl::StrCat("KV transfer to the decode worker failed: ", d.error.message())));
+      } else {
+        engine_.FinishJob(d.id, d.job, *std::move(d.first), d.sent_bytes, transfer_start,
+                          compute_end_, seconds_);
+      }
+    }
+  }
+
+ private:
+  // An outcome handed out after the lock is released.
+  struct Done {
+    engine::SeqId id = 0;
+    Job job;
+    std::optional<engine::SampledToken> first;
+    absl::Status error;
+    size_t sent_bytes = 0;
+  };
+
+  PrefillEngine& engine_;
+  const int num_tokens_;
+  const absl::Time planned_;
+  std::vector<Job*> jobs_;                          // per sequence, in batch order
+  std::vector<kvtransfer::SendSession*> sessions_;  // as attached when planned
+  std::vector<absl::Status> send_status_;
+  std::vector<size_t> sent_bytes_;
+  double flops_ = 0;
+  absl::Time first_layer_sent_ = absl::InfiniteFuture();
+  bool ok_ = false;
+  absl::Time compute_end_;
+  double seconds_ = 0;
+  std::vector<Done> done_;
+  std::vector<Deferred> late_;  // computed, session attached during the step
+};
+
+std::unique_ptr<engine::EngineStep> PrefillEngine::BeginStep(const engine::ScheduledStep& step,
+                                                             absl::Time now) {
+  return std::make_unique<Step>(this, step, now);
 }
 
 void PrefillEngine::SendAllAndFinish(Deferred d) {
@@ -475,8 +474,9 @@ void PrefillEngine::SendAllAndFinish(Deferred d) {
 }
 
 void PrefillEngine::ReleaseSource(engine::SeqId id) {
-  absl::MutexLock lock(&mu_);
-  scheduler_.Release(id);
+  // A change: a prompt waiting for these blocks starts at once.
+  auto access = core_.Change();
+  access.scheduler().Release(id);
   UpdateGaugesLocked();
 }
 

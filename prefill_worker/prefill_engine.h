@@ -18,11 +18,18 @@
 // blocks stay cached once released, and the KV sent still covers the whole
 // prompt (cached blocks are read like any other).
 //
-// Threads: one engine thread plans, runs and applies steps; gRPC handler
-// threads Submit, wait on their ticket and Cancel; KV send completion (which
-// releases the blocks) runs on transport threads. `mu_` guards the scheduler
-// and the job table; a send tracker's lock is taken before `mu_`, never
-// while holding it.
+// The step loop is the EngineCore's (engine/core/engine_core.h); this class
+// is the prefill role's policy over it: what a step carries (the prompts'
+// KV sessions), how it runs (each layer queued on the sessions while the next
+// computes), how its results are applied and handed out (tickets, KV sends).
+// Freeing a prompt's blocks once its send is done wakes the loop at once, so
+// a prompt waiting for blocks starts then.
+//
+// Threads: the core's engine thread plans, runs and applies steps; gRPC
+// handler threads Submit, wait on their ticket and Cancel; KV send
+// completion (which releases the blocks) runs on transport threads. The
+// core's lock guards the scheduler and the job table; a send tracker's lock
+// is taken before it, never while holding it.
 #pragma once
 
 #include <atomic>
@@ -30,7 +37,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/core/engine_core.h"
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
 #include "engine/scheduler/scheduler.h"
@@ -100,7 +107,12 @@ class PrefillTicket {
 struct PrefillEngineOptions {
   int max_batch_tokens = 4096;  // prompt tokens per step (a longer unchunked prompt runs alone)
   int max_prefill_chunk_tokens = 0;  // 0: prompts run whole; else chunks of at most this
-  int max_queued_requests = 1024;    // beyond: RESOURCE_EXHAUSTED
+  // Steps last about this long: their new tokens are capped at the measured
+  // rate times this, never below one chunk (a whole prompt unchunked) nor
+  // above max_batch_tokens. Bounds how long a cancelled prompt, or a newly
+  // arrived one, waits for the step in progress. Zero: max_batch_tokens.
+  absl::Duration step_target = absl::ZeroDuration();
+  int max_queued_requests = 1024;  // beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_caching = true;
   double peak_flops = 0;  // FLOP/s for the MFU gauge; 0: unknown
   // How long the destructor waits for KV sends in flight to be acknowledged.
@@ -123,14 +135,15 @@ struct PrefillLoad {
   std::string unhealthy_reason;
 };
 
-class PrefillEngine {
+class PrefillEngine : private engine::EnginePolicy {
  public:
   // `runner` and `metrics` must outlive the engine.
   PrefillEngine(PrefillEngineOptions options, engine::ModelRunner* runner, PrefillMetrics* metrics);
-  ~PrefillEngine();  // fails queued requests, waits for sends in flight, joins
+  ~PrefillEngine() override;  // fails queued requests, waits for sends in flight, joins
 
   // The spec a receiver expects for a prompt of `num_tokens`.
   kvtransfer::TransferSpec SpecFor(int num_tokens) const;
+  const engine::ModelConfig& model_config() const { return runner_->config(); }
 
   // INVALID_ARGUMENT for bad input; RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<std::shared_ptr<PrefillTicket>> Submit(PrefillRequest request);
@@ -146,6 +159,8 @@ class PrefillEngine {
   void Cancel(const std::shared_ptr<PrefillTicket>& ticket);
 
   PrefillLoad load() const;
+  // How the engine loop's idle waits ended (tests).
+  engine::WakeStats wake_stats() const { return core_.wake_stats(); }
 
  private:
   struct Job {
@@ -184,16 +199,12 @@ class PrefillEngine {
     uint64_t next_key ABSL_GUARDED_BY(mu) = 0;
   };
 
-  void Loop();
-  // Runs `step` on the runner, staging each layer of the prompts it finishes
-  // into their KV sessions (`sessions`, per sequence; null: not attached
-  // when the step was planned, sent after it); returns the step's result.
-  absl::StatusOr<engine::StepOutput> RunStep(engine::ScheduledStep& step,
-                                             const std::vector<Job*>& jobs,
-                                             const std::vector<kvtransfer::SendSession*>& sessions,
-                                             std::vector<absl::Status>& send_status,
-                                             std::vector<size_t>& sent_bytes,
-                                             absl::Time& first_layer_sent);
+  class Step;
+  // EnginePolicy (on the engine thread, under the core's lock).
+  void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
+  std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
+                                                absl::Time now) override;
+  void UpdateGauges() override { UpdateGaugesLocked(); }
   // Queues every layer of a computed prompt on its session, then hands it
   // out (FinishJob); on a send failure releases the blocks and fails it.
   void SendAllAndFinish(Deferred d);
@@ -203,37 +214,23 @@ class PrefillEngine {
                  absl::Time transfer_start, absl::Time compute_end, double compute_seconds);
   // The transport no longer reads the blocks of held sequence `id`.
   void ReleaseSource(engine::SeqId id);
-  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked();
 
   const PrefillEngineOptions options_;
   engine::ModelRunner* const runner_;
   PrefillMetrics* const metrics_;
   const std::shared_ptr<SendTracker> sends_;
 
-  mutable absl::Mutex mu_;
-  engine::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   // Requests not yet answered, by sequence id; nodes stay put while a step
-  // runs (only the engine thread erases a job that is in a step).
-  std::unordered_map<engine::SeqId, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<engine::SeqId, Deferred> deferred_ ABSL_GUARDED_BY(mu_);
-  // Progress: steps completed, prompt tokens per second (moving average
-  // over busy steps), consecutive failed steps and the last failure.
-  uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  // Layers computed within steps (RunStep, without the lock): progress a
-  // long prompt step shows before it completes.
+  // runs (only the engine thread erases a job that is in a step). Guarded by
+  // the core's lock.
+  std::unordered_map<engine::SeqId, Job> jobs_;
+  std::unordered_map<engine::SeqId, Deferred> deferred_;
+  // Layers computed within steps (without the lock): progress a long prompt
+  // step shows before it completes.
   std::atomic<uint64_t> layers_computed_{0};
-  // The last plan had a step to run: work the engine can step now (not
-  // prompts waiting for blocks that KV sends still hold).
-  bool stepping_ ABSL_GUARDED_BY(mu_) = false;
-  double tokens_per_second_ ABSL_GUARDED_BY(mu_) = 0;
-  int failed_steps_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string last_step_error_ ABSL_GUARDED_BY(mu_);
-  int64_t running_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  engine::SeqId next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // work arrived since the last plan
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: runs Loop() over everything above
+  engine::SeqId next_seq_ = 1;
+  engine::EngineCore core_;  // last: its thread runs the policy over everything above
 };
 
 }  // namespace pdserve::prefill

@@ -15,6 +15,12 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   if (job->prompt_token_ids_size() == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids is empty");
   }
+  if (absl::Status s =
+          CheckJobLists(job->prompt_token_ids_size(), job->generated_token_ids_size(),
+                        job->sampling(), engine_->model_config().max_position_embeddings);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (job->kv_target().endpoint().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "kv_target.endpoint is empty");
   }

@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "common/grpc_util.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
 #include "frontend/errors.h"
 #include "frontend/sampling_wire.h"
 
@@ -103,7 +104,7 @@ class DecodeCall final : public grpc::ClientReadReactor<DecodeEvent> {
 class PrefillCall final : public grpc::ClientReadReactor<PrefillEvent> {
  public:
   PrefillCall(DisaggregatedGeneration* owner, WorkerView worker)
-      : owner_(owner), worker(std::move(worker)) {}
+      : worker(std::move(worker)), owner_(owner) {}
 
   void Begin(DisaggregatedOrchestrator::WorkerChannel<internal::v1::PrefillWorker> ch) {
     channel = std::move(ch);
@@ -136,6 +137,9 @@ struct AttemptFailure {
   std::string pool;       // whose call failed or stalled: "prefill" or "decode"
   std::string worker_id;  // avoided by the generation's later attempts
   bool stalled = false;   // the worker was judged hung
+  // The worker, still live, did not answer within the stall timeout, and
+  // another one was there to try: nothing is lost, so it is not an attempt.
+  bool slow = false;
   // A call found the worker's connection broken: the registry stops
   // offering it until it is heard from (WorkerRegistry::ReportDisconnected).
   bool disconnected = false;
@@ -246,8 +250,11 @@ class DisaggregatedGeneration final : public frontend::Generation {
 
   // The watch thread: fails the current attempt when a worker serving it is
   // out of service (judged by the registry), or a prefill worker has not
-  // accepted the prompt within the stall timeout.
-  void Watch(absl::Time now, const Judgements& judgements);
+  // accepted the prompt within the stall timeout while another live one
+  // (`live_prefill`) could take it: a slow worker that is the only choice
+  // is waited for (slowness is not failure; liveness is judged apart).
+  void Watch(absl::Time now, const Judgements& judgements,
+             const std::vector<WorkerView>& live_prefill);
 
   // The calls' reactions.
   void OnDecodeEvent(DecodeCall* call, DecodeEvent event);
@@ -309,7 +316,10 @@ class DisaggregatedGeneration final : public frontend::Generation {
   // will not serve the request (a refusal, the worker judged out of
   // service, or no answer within the stall timeout); DEADLINE_EXCEEDED
   // when the request's deadline passed; CANCELLED.
-  grpc::Status AwaitReservation(DecodeCall* call);
+  // Waits for `call`'s reservation. A worker that stays live but silent
+  // past the stall timeout is given up (UNAVAILABLE) only while
+  // `another_worker()` says another could be tried.
+  grpc::Status AwaitReservation(DecodeCall* call, const std::function<bool()>& another_worker);
   // Cancels the failed attempt and starts the next one, or fails.
   absl::Status Recover(AttemptFailure failure);
 
@@ -521,7 +531,8 @@ void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Statu
   }
 }
 
-void DisaggregatedGeneration::Watch(absl::Time now, const Judgements& judgements) {
+void DisaggregatedGeneration::Watch(absl::Time now, const Judgements& judgements,
+                                    const std::vector<WorkerView>& live_prefill) {
   absl::MutexLock lock(&mu_);
   if (queued_ || cancelled_ || finished_ || !failure_.ok() || attempt_failure_.has_value()) return;
   auto judge = [&](const std::string& id, uint64_t incarnation) -> Judgement {
@@ -544,11 +555,25 @@ void DisaggregatedGeneration::Watch(absl::Time now, const Judgements& judgements
     if (j.health != WorkerHealth::kLive) return fail("prefill", p->worker.desc.id, j);
     if (!p->accepted && options_.stall_timeout > absl::ZeroDuration() &&
         now - p->dispatch > options_.stall_timeout) {
-      return fail(
-          "prefill", p->worker.desc.id,
-          {WorkerHealth::kLive,
-           absl::StrCat("prefill worker ", p->worker.desc.id, " did not accept the prompt within ",
-                        absl::FormatDuration(options_.stall_timeout))});
+      const DecodeCall* d = current_decode_;
+      const bool another =
+          std::any_of(live_prefill.begin(), live_prefill.end(), [&](const WorkerView& w) {
+            return w.desc.id != p->worker.desc.id && avoid_prefill_.count(w.desc.id) == 0 &&
+                   (d == nullptr || KvCompatible(w.desc, d->worker()));
+          });
+      if (another) {
+        PDSERVE_LOG(WARNING) << "request " << job_.request_id << ": prefill worker "
+                             << p->worker.desc.id << " did not accept the prompt within "
+                             << absl::FormatDuration(options_.stall_timeout) << "; trying another";
+        FailAttemptLocked(
+            {.pool = "prefill",
+             .worker_id = p->worker.desc.id,
+             .slow = true,
+             .status = absl::UnavailableError(absl::StrCat(
+                 "prefill worker ", p->worker.desc.id, " did not accept the prompt within ",
+                 absl::FormatDuration(options_.stall_timeout)))});
+        return;
+      }
     }
   }
   if (DecodeCall* d = current_decode_; d != nullptr && !d->done && !d->finished) {
@@ -585,6 +610,7 @@ absl::Status DisaggregatedGeneration::Recover(AttemptFailure failure) {
   }
   // A prefill worker whose queue filled before its reports said so: the
   // request has not started anywhere; it waits for room again.
+  if (failure.slow && generated == 0) --attempts_;  // see AttemptFailure::slow
   if (failure.status.code() == absl::StatusCode::kResourceExhausted && generated == 0) {
     --attempts_;
     SetQueued();
@@ -637,7 +663,8 @@ absl::Status DisaggregatedGeneration::PlaceFromQueue() {
   return failure_.ok() ? absl::CancelledError("cancelled") : failure_;
 }
 
-grpc::Status DisaggregatedGeneration::AwaitReservation(DecodeCall* call) {
+grpc::Status DisaggregatedGeneration::AwaitReservation(
+    DecodeCall* call, const std::function<bool()>& another_worker) {
   const absl::Time asked = absl::Now();
   WorkerRegistry& registry = orchestrator_->registry();
   while (true) {
@@ -665,7 +692,8 @@ grpc::Status DisaggregatedGeneration::AwaitReservation(DecodeCall* call) {
     if (j.health != WorkerHealth::kLive) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, j.why);
     }
-    if (options_.stall_timeout > absl::ZeroDuration() && now - asked > options_.stall_timeout) {
+    if (options_.stall_timeout > absl::ZeroDuration() && now - asked > options_.stall_timeout &&
+        another_worker()) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("no reservation from ", call->worker().id, " within ",
                                        absl::FormatDuration(options_.stall_timeout)));
@@ -728,7 +756,9 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
   bool every_refusal_full = true;
   bool incompatible = false;
   DecodeCall* accepted = nullptr;
-  while (accepted == nullptr) {
+  // Live decode workers not tried yet whose KV a live prefill worker can
+  // send; `incompatible`: some were left out for that.
+  auto candidates = [&](bool* incompatible) {
     std::vector<WorkerView> pool = registry.Live(Role::kDecode, absl::Now());
     std::erase_if(pool, [&](const WorkerView& w) { return tried.count(w.desc.id) > 0; });
     const size_t before = pool.size();
@@ -736,7 +766,14 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
       return std::none_of(prefill_pool.begin(), prefill_pool.end(),
                           [&](const WorkerView& p) { return KvCompatible(p.desc, d.desc); });
     });
-    incompatible |= pool.size() < before;
+    if (incompatible != nullptr) *incompatible |= pool.size() < before;
+    return pool;
+  };
+  // A silent decode worker is given up for this request only when another
+  // one is there to try; the only choice is waited for.
+  auto another_worker = [&] { return !candidates(nullptr).empty(); };
+  while (accepted == nullptr) {
+    std::vector<WorkerView> pool = candidates(&incompatible);
     Avoid(pool, avoid_decode_);
     std::optional<size_t> pick = orchestrator_->policy()->PickDecode(pool, decode_query);
     if (!pick) break;
@@ -755,7 +792,7 @@ absl::Status DisaggregatedGeneration::StartAttempt() {
       pending_decode_ = call;
     }
     call->Begin(orchestrator_->DecodeStub(worker.desc.address));
-    const grpc::Status answer = AwaitReservation(call);
+    const grpc::Status answer = AwaitReservation(call, another_worker);
     if (answer.ok()) {
       accepted = call;
       break;
@@ -905,9 +942,10 @@ DisaggregatedOrchestrator::~DisaggregatedOrchestrator() {
 void DisaggregatedOrchestrator::Watch() {
   const absl::Time now = absl::Now();
   const Judgements judgements = registry_->JudgeAll(now);
+  const std::vector<WorkerView> live_prefill = registry_->Live(Role::kPrefill, now);
   {
     absl::MutexLock lock(&gens_mu_);  // generations stay while it is held
-    for (DisaggregatedGeneration* g : generations_) g->Watch(now, judgements);
+    for (DisaggregatedGeneration* g : generations_) g->Watch(now, judgements, live_prefill);
     std::vector<std::pair<DisaggregatedGeneration*, AdmissionQueue::Why>> expired;
     {
       absl::MutexLock admission(&admission_mu_);

@@ -18,12 +18,11 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
-#include "common/cli.h"
+#include "common/base/logging.h"
+#include "common/base/process.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
-#include "common/metrics_server.h"
-#include "common/process.h"
-#include "common/process_metrics.h"
+#include "common/memory.h"
+#include "common/service/service_process.h"
 #include "engine/model/weight_source.h"
 #include "engine/model/weights.h"
 #include "engine/runtime/weight_dtype.h"
@@ -41,9 +40,9 @@ ABSL_FLAG(std::string, model_dir, "",
           "context, BOS/EOS), the tokenizer files and the chat template");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port for clients (0: any free port)");
-ABSL_FLAG(int, internal_port, 0,
-          "gRPC port for worker registration, authenticated by the cluster token (0: any free "
-          "port)");
+ABSL_FLAG(
+    int, internal_port, 0,
+    "gRPC port for worker registration, authenticated by the cluster token (0: any free port)");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain for TLS on the client gRPC port (with --tls_key_file); empty: "
           "plaintext");
@@ -53,8 +52,8 @@ ABSL_FLAG(std::string, model_name, "",
           "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
           "component of --model_dir)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
-          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's "
-          "context length)");
+          "Largest prompt text in bytes, refused before tokenization (0: 16 x the model's context "
+          "length)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port)");
 ABSL_FLAG(int, max_in_flight, 1024, "Requests served at once before RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, routing_policy, "prefix_aware",
@@ -63,31 +62,32 @@ ABSL_FLAG(std::string, routing_policy, "prefix_aware",
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "Heartbeat interval asked of workers");
 ABSL_FLAG(int, worker_timeout_ms, 3000, "A worker silent this long is dropped");
 ABSL_FLAG(int, max_attempts, 3,
-          "Placements a request may use in all: retries before its first token and migrations "
-          "to another worker pair after it");
+          "Placements a request may use in all: retries before its first token and migrations to "
+          "another worker pair after it");
 ABSL_FLAG(int, stall_timeout_ms, 30000,
-          "A decode worker that does not answer a reservation, or a prefill worker that does "
-          "not accept a prompt, this long is given up for that request alone (another worker "
-          "is tried; the worker stays in service) (0: never)");
+          "A decode worker that does not answer a reservation, or a prefill worker that does not "
+          "accept a prompt, this long is given up for that request alone when another worker can "
+          "be tried (the worker stays in service; this costs the request no attempt); the only "
+          "choice is waited for (0: never)");
 ABSL_FLAG(int, worker_hang_timeout_ms, 30000,
           "A worker with work whose engine completes no step for this long is hung: out of "
-          "service, and its requests move, until its steps move again (0: never). Longer than "
-          "the longest engine step");
+          "service, and its requests move, until its steps move again (0: never). Longer than the "
+          "longest engine step");
 ABSL_FLAG(int, max_queued_requests, 1024,
-          "Requests that wait at the router for the pools to have room; beyond, "
-          "RESOURCE_EXHAUSTED with a retry hint");
+          "Requests that wait at the router for the pools to have room; beyond, RESOURCE_EXHAUSTED "
+          "with a retry hint");
 ABSL_FLAG(int, max_queue_wait_ms, 120000,
           "Longest wait at the router for room; then RESOURCE_EXHAUSTED with a retry hint");
 ABSL_FLAG(int, prefill_queue_batches, 4,
-          "Prompts are sent to a prefill worker while the tokens queued there stay under this "
-          "many of its steps (--max_batch_tokens); the rest wait at the router");
+          "Prompts are sent to a prefill worker while the tokens queued there stay under this many "
+          "of its steps (--max_batch_tokens); the rest wait at the router");
 ABSL_FLAG(std::string, weight_dtype, "",
           "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8, int4); empty: not "
-          "checked (prefill and decode workers are paired only where their models as served "
-          "are equal)");
+          "checked (prefill and decode workers are paired only where their models as served are "
+          "equal)");
 ABSL_FLAG(std::string, kv_dtype, "",
-          "KV element type every worker must have (f32: the CPU backend, bf16: CUDA); empty: "
-          "not checked (prefill and decode workers are paired only where their KV matches)");
+          "KV element type every worker must have (f32: the CPU backend, bf16: CUDA); empty: not "
+          "checked (prefill and decode workers are paired only where their KV matches)");
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "On SIGTERM, how long in-flight streams may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
@@ -97,6 +97,14 @@ namespace pdserve {
 namespace {
 
 int Main() {
+  const std::string host = absl::GetFlag(FLAGS_host);
+  ServiceProcess process(
+      {.name = "router",
+       .host = host,
+       .metrics_port = absl::GetFlag(FLAGS_metrics_port),
+       .ready_file = absl::GetFlag(FLAGS_ready_file),
+       .log_level = absl::GetFlag(FLAGS_log_level),
+       .drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms))});
   if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
@@ -113,11 +121,7 @@ int Main() {
     PDSERVE_LOG(ERROR) << policy.status();
     return 2;
   }
-  const std::string host = absl::GetFlag(FLAGS_host);
-  if (absl::Status s = InitClusterAuthFromFlags(host); !s.ok()) {
-    PDSERVE_LOG(ERROR) << s;
-    return 2;
-  }
+  if (int code = process.Begin(); code != 0) return code;
   auto client_credentials =
       ServerTlsCredentials(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file));
   if (!client_credentials.ok()) {
@@ -125,13 +129,10 @@ int Main() {
     return 2;
   }
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  frontend::ClientMetrics client_metrics(*registry);
-  router::RouterMetrics metrics(*registry);
-  RegisterBuildInfo(*registry, "none", ModelNameOf(model_dir));
-  auto metrics_server = MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-  if (!metrics_server.ok()) {
-    PDSERVE_LOG(ERROR) << metrics_server.status();
+  frontend::ClientMetrics client_metrics(process.registry());
+  router::RouterMetrics metrics(process.registry());
+  if (absl::Status s = process.StartMetrics("none", model_dir); !s.ok()) {
+    PDSERVE_LOG(ERROR) << s;
     return 1;
   }
 
@@ -182,19 +183,21 @@ int Main() {
           .server_kind = "router"},
       &*prompt_source, &orchestrator, &client_metrics);
   frontend::GrpcGenerationService generation(&sessions);
-  auto grpc_server =
-      StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&generation}, *client_credentials);
-  if (!grpc_server.ok()) {
-    PDSERVE_LOG(ERROR) << grpc_server.status();
+  // The service refuses messages over kMaxGrpcMessageBytes itself, so that
+  // the refusal is counted (frontend/grpc_service.h).
+  if (auto port =
+          process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&generation}, *client_credentials,
+                                /*max_receive_message_bytes=*/-1);
+      !port.ok()) {
+    PDSERVE_LOG(ERROR) << port.status();
     return 1;
   }
-  auto internal_server = StartGrpcServer(host, absl::GetFlag(FLAGS_internal_port),
-                                         {&registry_service}, InternalServerCredentials());
-  if (!internal_server.ok()) {
-    PDSERVE_LOG(ERROR) << internal_server.status();
+  absl::StatusOr<int> internal_port = process.AddGrpcServer(
+      absl::GetFlag(FLAGS_internal_port), {&registry_service}, InternalServerCredentials());
+  if (!internal_port.ok()) {
+    PDSERVE_LOG(ERROR) << internal_port.status();
     return 1;
   }
-  const std::string address = JoinHostPort(host, grpc_server->port);
   auto http_server = frontend::StartOpenAiHttpFromFlags(host, absl::GetFlag(FLAGS_http_port),
                                                         absl::GetFlag(FLAGS_model_name), model_dir,
                                                         max_in_flight, &sessions);
@@ -216,39 +219,31 @@ int Main() {
   });
 
   const int http_port = *http_server ? (*http_server)->port() : -1;
-  AnnounceReady(absl::GetFlag(FLAGS_ready_file), address, (*metrics_server)->port(),
-                {{"http_port", absl::StrCat(http_port)},
-                 {"internal_port", absl::StrCat(internal_server->port)}});
-  PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " router serving on " << address
-                    << ", internal on port " << internal_server->port << ", HTTP on port "
-                    << http_port << ", metrics on port " << (*metrics_server)->port() << ", model "
-                    << model_dir << " (" << prompt_source->config.architecture << ", context "
-                    << prompt_source->config.max_position_embeddings << ", text "
-                    << (prompt_source->text_unavailable.empty() ? "served" : "unavailable") << ")";
-
-  const int sig = WaitForShutdownSignal();
-  PDSERVE_LOG(INFO) << "signal " << sig << ": draining";
-  sessions.SetDraining(true);
-  SetServing(*grpc_server->server, false);
-  WaitUntilIdle(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
-                [&] { return sessions.in_flight() == 0; });
-  http_server->reset();  // ends what is left of its requests
-  grpc_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  internal_server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  stop.store(true);
-  pool_watch.join();
-  PDSERVE_LOG(INFO) << "router stopped";
-  return 0;
+  process.AnnounceReady(
+      {{"http_port", absl::StrCat(http_port)}, {"internal_port", absl::StrCat(*internal_port)}},
+      absl::StrCat("serving on ", process.address(), ", internal on port ", *internal_port,
+                   ", HTTP on port ", http_port, ", metrics on port ", process.metrics_port(),
+                   ", model ", model_dir, " (", prompt_source->config.architecture, ", context ",
+                   prompt_source->config.max_position_embeddings, ", text ",
+                   prompt_source->text_unavailable.empty() ? "served" : "unavailable", ")"));
+  return process.ServeUntilSignal({.refuse = [&sessions] { sessions.SetDraining(true); },
+                                   .idle = [&sessions] { return sessions.in_flight() == 0; },
+                                   .close = [&http_server] { http_server->reset(); },
+                                   .after =
+                                       [&stop, &pool_watch] {
+                                         stop.store(true);
+                                         pool_watch.join();
+                                       }});
 }
 
 }  // namespace
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
-  pdserve::BlockShutdownSignals();
-  pdserve::ParseFlags(argc, argv,
-                      "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the worker "
-                      "registry and the orchestration of the workers of a pdserve cluster",
-                      __FILE__);
+  pdserve::ConfigureAllocatorForRequests();
+  pdserve::StartProcess(argc, argv,
+                        "The client-facing APIs (gRPC Generate, OpenAI-compatible HTTP), the "
+                        "worker registry and the orchestration of the workers of a pdserve cluster",
+                        __FILE__);
   return pdserve::Main();
 }

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "engine/kvcache/kv_cache_manager.h"
 
 namespace pdserve::router {
@@ -16,7 +16,7 @@ const std::vector<uint64_t>& PrefillQuery::LookupHashes(int block_size) const {
   }
   std::vector<uint64_t> hashes;
   if (block_size > 0 && !prompt_.empty()) {
-    hashes = engine::BlockHashes(prompt_.first(prompt_.size() - 1), block_size);
+    hashes = engine::BlockHashDigests(prompt_.first(prompt_.size() - 1), block_size);
   }
   hashes_.emplace_back(block_size, std::move(hashes));
   return hashes_.back().second;

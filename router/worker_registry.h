@@ -136,7 +136,7 @@ struct WorkerView {
 };
 
 // A prompt to place on a prefill worker. Hashes its blocks the way workers
-// do (engine/kvcache BlockHashes, with each worker's registered block size),
+// do (engine/kvcache BlockHashDigests, with each worker's registered block size),
 // once per block size. Not thread-safe; the prompt must outlive it.
 class PrefillQuery {
  public:

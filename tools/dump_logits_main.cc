@@ -19,7 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/weight_dtype.h"

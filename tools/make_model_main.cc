@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "tools/model_writer.h"
 #include "tools/tokenizer_writer.h"
 

@@ -25,7 +25,7 @@
 #include "bench/loadgen/histogram_check.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "Generation server (router or pdserve_colocated), host:port");

@@ -138,7 +138,7 @@ occupancy_run() {  # label headroom
 chunked_run() {  # label chunk step_tokens
   local ready="$out/colocated.ready" target
   rm -f "$ready"
-  "$bin/decode_worker/pdserve_colocated" --model_dir="$model" --threads="$threads" \
+  "$bin/colocated/pdserve_colocated" --model_dir="$model" --threads="$threads" \
     --max_prefill_chunk_tokens="$2" --max_prefill_tokens="$3" --ready_file="$ready" \
     > "$out/colocated-chunk$2.log" 2>&1 &
   colocated_pid=$!

@@ -73,7 +73,7 @@ run_colocated() {  # threads rate repeat [wait_policy]
   local ready="$out/colocated-t$1.ready" target name="colocated-t$1${4:+-$4}"
   local label="colocated ($1 thread$([ "$1" = 1 ] || echo s)${4:+, OMP_WAIT_POLICY=$4})"
   rm -f "$ready"
-  env ${4:+OMP_WAIT_POLICY=$4} "$bin/decode_worker/pdserve_colocated" --model_dir="$model" --threads="$1" \
+  env ${4:+OMP_WAIT_POLICY=$4} "$bin/colocated/pdserve_colocated" --model_dir="$model" --threads="$1" \
     --ready_file="$ready" > "$out/$name.log" 2>&1 &
   colocated_pid=$!
   for _ in $(seq 1 300); do [ -s "$ready" ] && break; sleep 0.1; done

@@ -30,7 +30,7 @@ RUN cmake --preset default -DPDSERVE_BUILD_TESTS=OFF \
  && install -d /opt/pdserve/bin \
  && install -m 0755 build/router/pdserve_router build/router/pdserve_client \
       build/prefill_worker/pdserve_prefill_worker build/decode_worker/pdserve_decode_worker \
-      build/decode_worker/pdserve_colocated build/bench/loadgen/pdserve_loadgen \
+      build/colocated/pdserve_colocated build/bench/loadgen/pdserve_loadgen \
       build/tools/pdserve_make_model build/planner/pdserve_planner /opt/pdserve/bin/
 
 FROM debian:12-slim AS runtime

@@ -52,7 +52,7 @@ RUN cmake --preset cuda -DPDSERVE_BUILD_TESTS=OFF \
  && install -d /opt/pdserve/bin \
  && install -m 0755 build-cuda/router/pdserve_router build-cuda/router/pdserve_client \
       build-cuda/prefill_worker/pdserve_prefill_worker build-cuda/decode_worker/pdserve_decode_worker \
-      build-cuda/decode_worker/pdserve_colocated build-cuda/bench/loadgen/pdserve_loadgen \
+      build-cuda/colocated/pdserve_colocated build-cuda/bench/loadgen/pdserve_loadgen \
       build-cuda/tools/pdserve_make_model build-cuda/planner/pdserve_planner /opt/pdserve/bin/
 
 FROM cuda-apt AS runtime

@@ -3,7 +3,7 @@
 // y is fp32 or bf16, bias [n] bf16; computed in fp32.
 #pragma once
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -1,10 +1,10 @@
 // The CUDA backend as engine::CreateModelRunner and engine::MeasurePeak see
-// it (engine/runner_factory.h): built into pdserve_engine in CUDA builds,
-// registered by engine/cuda/register_emulated_backend.cc in test binaries
-// that run it under the CPU emulation.
+// it (engine/runner_factory.h, which finds it through engine/runtime/backend_registry.h): built
+// into pdserve_engine in CUDA builds, registered by engine/cuda/register_emulated_backend.cc in
+// test binaries that run it under the CPU emulation.
 #pragma once
 
-#include "engine/runner_factory.h"
+#include "engine/runtime/backend_registry.h"
 
 namespace pdserve::cuda {
 

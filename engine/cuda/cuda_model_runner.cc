@@ -9,8 +9,9 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "engine/cuda/kv_cache.cuh"
+#include "engine/cuda/reuse_poison.h"
 #include "engine/cuda/row_plan.h"
 #include "engine/cuda/step_sampling.h"
 #include "engine/runtime/step_state.h"
@@ -388,6 +389,40 @@ absl::StatusOr<CudaModelRunner::DecodeGraph*> CudaModelRunner::GraphFor(int batc
   return stored.exec != nullptr ? &stored : nullptr;
 }
 
+absl::Status CudaModelRunner::PoisonUnwrittenKv(const StepBatch& batch, cudaStream_t stream) {
+  const int64_t bs = options_.kv_block_size, kv = config_.kv_size();
+  // Runs of consecutive unwritten slots [first, end), per layer K and V.
+  auto poison = [&](int64_t first, int64_t end) -> absl::Status {
+    const size_t bytes = static_cast<size_t>((end - first) * kv) * sizeof(__nv_bfloat16);
+    for (int l = 0; l < config_.num_layers; ++l) {
+      PDSERVE_CUDA_RETURN_IF_ERROR(PoisonForReuse(k_cache_[l] + first * kv, bytes, stream));
+      PDSERVE_CUDA_RETURN_IF_ERROR(PoisonForReuse(v_cache_[l] + first * kv, bytes, stream));
+    }
+    return absl::OkStatus();
+  };
+  for (const engine::StepSequence& s : batch.seqs) {
+    const int64_t written = s.num_cached + static_cast<int64_t>(s.tokens.size());
+    int64_t run_first = -1, run_end = -1;
+    for (size_t j = static_cast<size_t>(written / bs); j < s.block_table.size(); ++j) {
+      const int64_t first = int64_t{s.block_table[j]} * bs + (j == written / bs ? written % bs : 0);
+      const int64_t end = (int64_t{s.block_table[j]} + 1) * bs;
+      if (first == run_end) {
+        run_end = end;
+        continue;
+      }
+      if (run_first >= 0) {
+        if (absl::Status st = poison(run_first, run_end); !st.ok()) return st;
+      }
+      run_first = first;
+      run_end = end;
+    }
+    if (run_first >= 0) {
+      if (absl::Status st = poison(run_first, run_end); !st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Handle& handle) {
   const int bs = options_.kv_block_size, vocab = config_.vocab_size;
   cudaStream_t stream = stream_.get();
@@ -433,6 +468,22 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
   }
   if (absl::Status s = Reserve(host_out_, outputs_bytes + logits_bytes, "outputs"); !s.ok()) {
     return s;
+  }
+
+  // Everything this step reuses from the last one, poisoned under the
+  // emulation (reuse_poison.h): what the step does not write reads as NaN.
+  // The last step's work is complete (RunStep and Loop synchronise).
+  PDSERVE_CUDA_RETURN_IF_ERROR(
+      PoisonHostForReuse(host_in_.get(), forward_inputs + sampling_size.input_bytes));
+  PDSERVE_CUDA_RETURN_IF_ERROR(PoisonHostForReuse(host_out_.get(), outputs_bytes + logits_bytes));
+  PDSERVE_CUDA_RETURN_IF_ERROR(
+      PoisonForReuse(step_arena_.get(), forward_bytes + sampling_size.total_bytes, stream));
+  if (graph != nullptr) {
+    PDSERVE_CUDA_RETURN_IF_ERROR(
+        PoisonForReuse(graph_arena_.get(), graph->buffers.total_bytes, stream));
+  }
+  if constexpr (kPoisonsReuse) {
+    if (absl::Status s = PoisonUnwrittenKv(batch, stream); !s.ok()) return s;
   }
 
   // Inputs: one upload for the pass, one for sampling.
@@ -543,6 +594,14 @@ absl::Status CopyLayer(const KvIo& io, std::span<const int32_t> table, int num_t
   for (int t0 = 0; t0 < num_tokens; t0 += io.io_tokens) {
     const int count = std::min(io.io_tokens, num_tokens - t0);
     const int blocks = (count + io.block_size - 1) / io.block_size;
+    // The staging is reused chunk after chunk (poisoned under the emulation).
+    PDSERVE_CUDA_RETURN_IF_ERROR(
+        PoisonForReuse(io.k_stage, static_cast<size_t>(io.io_tokens) * token_bytes, io.stream));
+    PDSERVE_CUDA_RETURN_IF_ERROR(
+        PoisonForReuse(io.v_stage, static_cast<size_t>(io.io_tokens) * token_bytes, io.stream));
+    PDSERVE_CUDA_RETURN_IF_ERROR(PoisonForReuse(
+        io.table_stage, static_cast<size_t>(io.io_tokens / io.block_size) * sizeof(int32_t),
+        io.stream));
     std::memcpy(io.table_host, table.data() + t0 / io.block_size, blocks * sizeof(int32_t));
     PDSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(io.table_stage, io.table_host,
                                                  blocks * sizeof(int32_t), cudaMemcpyHostToDevice,

@@ -54,8 +54,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/cuda/cuda_handles.h"
-#include "engine/cuda/device_memory.h"
+#include "engine/cuda/base/cuda_handles.h"
+#include "engine/cuda/base/device_memory.h"
 #include "engine/cuda/device_weights.h"
 #include "engine/cuda/forward_pass.h"
 #include "engine/model/weight_source.h"
@@ -146,6 +146,9 @@ class CudaModelRunner : public engine::ModelRunner {
   // Enqueues one step's work on stream_ (layer events recorded through
   // `handle`), waits for it, and returns its output.
   absl::StatusOr<engine::StepOutput> RunStep(const engine::StepBatch& batch, Handle& handle);
+  // Under the emulation: poisons the KV slots of the step's block tables
+  // that no step has written by the end of this one (reuse_poison.h).
+  absl::Status PoisonUnwrittenKv(const engine::StepBatch& batch, cudaStream_t stream);
   // The forward part of a step: eagerly, or by replaying a decode graph.
   // Sets *logits to the LM rows' logits ([sampling rows, vocab], device).
   absl::Status EnqueueEagerForward(const RowPlan& plan, Handle& handle, const float** logits);
@@ -172,8 +175,8 @@ class CudaModelRunner : public engine::ModelRunner {
   // Device state, created by Init, released in reverse order. The streams
   // are non-blocking: never ordered with the legacy default stream, so a
   // capture on stream_ is never invalidated by other threads' copies.
-  UniqueStream stream_;     // steps (runner thread only)
-  UniqueStream io_stream_;  // ReadLayerKv/WriteLayerKv (under io_mu_)
+  UniqueStream stream_;                // steps (runner thread only)
+  UniqueStream io_stream_;             // ReadLayerKv/WriteLayerKv (under io_mu_)
   DeviceAllocation cublas_workspace_;  // outlives cublas_
   UniqueCublas cublas_;                // on stream_
   DeviceWeights weights_;

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "engine/cuda/cuda_handles.h"
-#include "engine/cuda/cuda_status.h"
-#include "engine/cuda/device_memory.h"
+#include "engine/cuda/base/cuda_handles.h"
+#include "engine/cuda/base/cuda_status.h"
+#include "engine/cuda/base/device_memory.h"
 #include "engine/cuda/linear.h"
 
 namespace pdserve::cuda {

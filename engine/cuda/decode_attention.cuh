@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

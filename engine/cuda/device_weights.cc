@@ -9,9 +9,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/base/cuda_handles.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "engine/cuda/convert.cuh"
-#include "engine/cuda/cuda_handles.h"
-#include "engine/cuda/cuda_status.h"
 
 namespace pdserve::cuda {
 namespace {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/cuda/cuda_compat.h"
-#include "engine/cuda/device_memory.h"
+#include "engine/cuda/base/cuda_compat.h"
+#include "engine/cuda/base/device_memory.h"
 #include "engine/model/weight_source.h"
 
 namespace pdserve::cuda {

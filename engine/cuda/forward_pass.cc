@@ -5,16 +5,17 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/cuda/base/cuda_status.h"
+#include "engine/cuda/base/device_memory.h"
 #include "engine/cuda/bias_add.cuh"
 #include "engine/cuda/convert.cuh"
-#include "engine/cuda/cuda_status.h"
 #include "engine/cuda/decode_attention.cuh"
-#include "engine/cuda/device_memory.h"
 #include "engine/cuda/embedding.cuh"
 #include "engine/cuda/head_norm.cuh"
 #include "engine/cuda/kv_cache.cuh"
 #include "engine/cuda/linear.h"
 #include "engine/cuda/prefill_attention.h"
+#include "engine/cuda/reuse_poison.h"
 #include "engine/cuda/rms_norm.cuh"
 #include "engine/cuda/rope.cuh"
 #include "engine/cuda/silu_mul.cuh"
@@ -185,6 +186,9 @@ absl::Status EnqueueForward(const ForwardModel& m, const ForwardShape& s,
       a.workspace = b.decode_workspace;
       a.out = b.attn;
       a.out_stride = q;
+      // Each layer reuses the workspace (poisoned under the emulation).
+      PDSERVE_CUDA_RETURN_IF_ERROR(
+          PoisonForReuse(b.decode_workspace, b.decode_workspace_bytes, stream));
       PDSERVE_CUDA_RETURN_IF_ERROR(DecodeAttention(b.qkv, a, stream));
     }
     if (!spans.empty()) {
@@ -211,6 +215,9 @@ absl::Status EnqueueForward(const ForwardModel& m, const ForwardShape& s,
                                 .count = span.num_cached + span.num_tokens - span.k_position,
                                 .k = b.k_gather,
                                 .v = b.v_gather};
+        const size_t gather_bytes = size_t{sizeof(__nv_bfloat16)} * s.max_prefill_keys * kv;
+        PDSERVE_CUDA_RETURN_IF_ERROR(PoisonForReuse(b.k_gather, gather_bytes, stream));
+        PDSERVE_CUDA_RETURN_IF_ERROR(PoisonForReuse(b.v_gather, gather_bytes, stream));
         PDSERVE_CUDA_RETURN_IF_ERROR(GatherKv(gather, stream));
         a.k = b.k_gather;
         a.v = b.v_gather;
@@ -229,6 +236,8 @@ absl::Status EnqueueForward(const ForwardModel& m, const ForwardShape& s,
       a.query_chunk = s.query_chunk;
       a.workspace = b.prefill_workspace;
       a.workspace_bytes = b.prefill_workspace_bytes;
+      PDSERVE_CUDA_RETURN_IF_ERROR(
+          PoisonForReuse(b.prefill_workspace, b.prefill_workspace_bytes, stream));
       if (absl::Status st = PrefillAttention(m.cublas, stream, a); !st.ok()) return st;
     }
 

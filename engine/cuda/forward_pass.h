@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "engine/cuda/device_weights.h"
 #include "engine/cuda/row_plan.h"
 #include "engine/model/config.h"

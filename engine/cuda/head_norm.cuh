@@ -6,7 +6,7 @@
 // bf16. T is float or bf16 (computed in fp32, stored as T).
 #pragma once
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

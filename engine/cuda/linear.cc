@@ -1,7 +1,7 @@
 // Linear layers on cuBLAS (see linear.h).
 #include "engine/cuda/linear.h"
 
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 
 namespace pdserve::cuda {
 

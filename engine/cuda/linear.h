@@ -7,7 +7,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -8,7 +8,7 @@
 // columns get probability 0.
 #pragma once
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "engine/cuda/masked_softmax.cuh"
 
 namespace pdserve::cuda {

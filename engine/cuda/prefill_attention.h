@@ -25,7 +25,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

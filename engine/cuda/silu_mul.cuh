@@ -4,7 +4,7 @@
 // bf16; out [rows, inter] bf16 (the down projection's input).
 #pragma once
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda {
 

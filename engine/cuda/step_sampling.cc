@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/cuda/cuda_status.h"
-#include "engine/cuda/device_memory.h"
+#include "engine/cuda/base/cuda_status.h"
+#include "engine/cuda/base/device_memory.h"
 
 namespace pdserve::cuda {
 

@@ -13,32 +13,6 @@
 
 namespace pdserve::engine {
 
-uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> block_tokens) {
-  // FNV-1a over the parent hash and the token ids, then a final mix.
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 0x100000001b3ull;
-    }
-  };
-  mix(parent);
-  for (int32_t t : block_tokens) mix(static_cast<uint32_t>(t));
-  h ^= h >> 31;
-  h *= 0x7fb5d329728ea185ull;
-  return h ^ (h >> 27);
-}
-
-std::vector<uint64_t> BlockHashes(std::span<const int32_t> tokens, int block_size) {
-  std::vector<uint64_t> out;
-  uint64_t parent = kNoParentHash;
-  for (size_t at = 0; at + block_size <= tokens.size(); at += block_size) {
-    parent = ChainBlockHash(parent, tokens.subspan(at, block_size));
-    out.push_back(parent);
-  }
-  return out;
-}
-
 KvCacheManager::KvCacheManager(int num_blocks, int block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
   // Sizes come from validated options at start-up; bad ones are a bug.
@@ -164,13 +138,13 @@ std::span<const int32_t> KvCacheManager::BlockTable(SeqId seq) const {
   return it->second;
 }
 
-int KvCacheManager::NumCachedBlocks(std::span<const uint64_t> hashes) const {
+int KvCacheManager::NumCachedBlocks(std::span<const BlockHash> hashes) const {
   int n = 0;
   while (n < static_cast<int>(hashes.size()) && cached_.contains(hashes[n])) ++n;
   return n;
 }
 
-int KvCacheManager::FreeBlocksNeeded(std::span<const uint64_t> hashes, int num_tokens) const {
+int KvCacheManager::FreeBlocksNeeded(std::span<const BlockHash> hashes, int num_tokens) const {
   const int total = BlocksForTokens(num_tokens);
   const int cached = std::min(NumCachedBlocks(hashes), total);
   int evictable_hits = 0;
@@ -180,7 +154,7 @@ int KvCacheManager::FreeBlocksNeeded(std::span<const uint64_t> hashes, int num_t
   return total - cached + evictable_hits;
 }
 
-absl::StatusOr<int> KvCacheManager::AllocateCached(SeqId seq, std::span<const uint64_t> hashes,
+absl::StatusOr<int> KvCacheManager::AllocateCached(SeqId seq, std::span<const BlockHash> hashes,
                                                    int num_tokens) {
   if (num_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -209,7 +183,7 @@ absl::StatusOr<int> KvCacheManager::AllocateCached(SeqId seq, std::span<const ui
   return cached;
 }
 
-absl::Status KvCacheManager::CommitBlockHashes(SeqId seq, std::span<const uint64_t> hashes) {
+absl::Status KvCacheManager::CommitBlockHashes(SeqId seq, std::span<const BlockHash> hashes) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("CommitBlockHashes: unknown sequence ", seq));
@@ -235,7 +209,7 @@ std::vector<uint64_t> KvCacheManager::CachedHashDigest(int max_hashes) const {
   auto add = [&](int32_t block) {
     const Block& b = blocks_[block];
     if (static_cast<int>(out.size()) < max_hashes && IsDigestPosition(b.position)) {
-      out.push_back(*b.hash);
+      out.push_back(b.hash->digest());
     }
   };
   for (const auto& [hash, block] : cached_) {

@@ -1,6 +1,7 @@
 // KV cache manager: paged-KV bookkeeping shared by every role. Block ids,
 // reference counts, per-sequence block tables, and the metadata a prefix
-// cache needs: the chained content hash of each full block and an
+// cache needs: the chained content hash of each full block (block_hash.h)
+// and an
 // evictable list of free blocks that still hold known content. No tensors and
 // no I/O: the ModelRunner owns KV memory (engine/runtime/model_runner.h).
 //
@@ -23,18 +24,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kvcache/block_hash.h"
 
 namespace pdserve::engine {
 
 using SeqId = uint64_t;
-
-// Hash of a full block's tokens chained to the hash of the blocks before it,
-// so equal hashes mean equal prefixes (up to 64-bit collisions). `parent` is
-// kNoParentHash for a sequence's first block.
-inline constexpr uint64_t kNoParentHash = 0x6a09e667f3bcc908ull;
-uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> block_tokens);
-// The chained hashes of every full block of `tokens`.
-std::vector<uint64_t> BlockHashes(std::span<const int32_t> tokens, int block_size);
 
 // Chain positions (0-based block index within a sequence) whose hashes a
 // digest carries: the first four, then every eighth. A digest hit at
@@ -84,28 +78,28 @@ class KvCacheManager {
   // ---- content hashes (prefix caching) ----
 
   // Leading entries of `hashes` whose blocks are cached (in use or evictable).
-  int NumCachedBlocks(std::span<const uint64_t> hashes) const;
+  int NumCachedBlocks(std::span<const BlockHash> hashes) const;
   // Blocks a new sequence of `num_tokens` tokens whose leading full blocks
   // have `hashes` would take from the free pool: fresh blocks for the
   // uncached part plus cached blocks that are currently evictable.
-  int FreeBlocksNeeded(std::span<const uint64_t> hashes, int num_tokens) const;
+  int FreeBlocksNeeded(std::span<const BlockHash> hashes, int num_tokens) const;
   // Creates `seq` like Allocate, sharing the cached blocks of the leading
   // hashes. Returns how many leading blocks were cached (their tokens need no
   // computation). RESOURCE_EXHAUSTED, changing nothing, if blocks run out.
-  absl::StatusOr<int> AllocateCached(SeqId seq, std::span<const uint64_t> hashes, int num_tokens);
+  absl::StatusOr<int> AllocateCached(SeqId seq, std::span<const BlockHash> hashes, int num_tokens);
   // Records that the first hashes.size() blocks of `seq` hold the content of
   // `hashes` (they are full and computed). A hash already held by another
   // block keeps that block; this sequence's copy stays unhashed.
-  absl::Status CommitBlockHashes(SeqId seq, std::span<const uint64_t> hashes);
-  // Hashes of cached blocks (in use or evictable) at digest positions, at
-  // most `max_hashes`: blocks in use first, then evictable ones, most
-  // recently freed first.
+  absl::Status CommitBlockHashes(SeqId seq, std::span<const BlockHash> hashes);
+  // Routing digests (BlockHash::digest) of cached blocks (in use or
+  // evictable) at digest positions, at most `max_hashes`: blocks in use
+  // first, then evictable ones, most recently freed first.
   std::vector<uint64_t> CachedHashDigest(int max_hashes = kMaxDigestHashes) const;
 
  private:
   struct Block {
     int32_t ref_count = 0;
-    std::optional<uint64_t> hash;
+    std::optional<BlockHash> hash;
     int32_t position = 0;                        // block index within the chain of `hash`
     std::list<int32_t>::iterator evictable_pos;  // valid while evictable
   };
@@ -119,9 +113,9 @@ class KvCacheManager {
   int num_blocks_;
   int block_size_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> free_;                     // stack of plain free block ids
-  std::list<int32_t> evictable_;                  // free hashed blocks, least recently freed first
-  std::unordered_map<uint64_t, int32_t> cached_;  // hash -> block holding it
+  std::vector<int32_t> free_;     // stack of plain free block ids
+  std::list<int32_t> evictable_;  // free hashed blocks, least recently freed first
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;  // hash -> block holding it
   std::unordered_map<SeqId, std::vector<int32_t>> tables_;
 };
 

@@ -13,28 +13,9 @@
 
 #include "absl/status/status.h"
 #include "engine/model/config.h"
+#include "engine/types/sampling_params.h"
 
 namespace pdserve::engine {
-
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off; else drop p < min_p * p_max
-  uint64_t seed = 0;
-  int max_tokens = 16;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-  float repetition_penalty = 1.0f;  // 1: off; over prompt and output tokens
-  float presence_penalty = 0.0f;    // over output tokens
-  float frequency_penalty = 0.0f;   // per occurrence in the output
-  int min_tokens = 0;               // EOS and stop ids masked before this many
-  int logprobs = -1;                // -1: none; else top alternatives to return
-
-  bool HasPenalties() const {
-    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
-  }
-};
 
 // The tokens a request has seen, for penalties and min_tokens.
 struct TokenHistory {
@@ -42,29 +23,12 @@ struct TokenHistory {
   std::span<const int32_t> generated;  // output so far, before this step
 };
 
-struct TopLogprob {
-  int32_t token = 0;
-  float logprob = 0;
-};
-
-struct SampledToken {
-  int32_t token = 0;
-  // Filled when params.logprobs >= 0: log-probability of `token` under the
-  // model's raw distribution (log-softmax of the unprocessed logits) and the
-  // params.logprobs most likely tokens, most likely first (lowest id on ties).
-  float logprob = 0;
-  std::vector<TopLogprob> top;
-};
-
-// INVALID_ARGUMENT naming the field for out-of-range values.
-absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
-
 // Checks a tokenized generation request against the model, as workers do on
 // admission: a non-empty prompt of ids in [0, vocab_size), valid sampling
 // parameters, and prompt + max_tokens within the context. INVALID_ARGUMENT
 // naming the field.
-absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt, const SamplingParams& params,
-                                       const ModelConfig& config);
+absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt,
+                                       const SamplingParams& params, const ModelConfig& config);
 
 // Samples the `step`-th generated token (0 = first) from `logits` as they
 // are (no penalties): temperature, top-k, min-p, top-p.

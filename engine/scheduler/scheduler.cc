@@ -54,17 +54,17 @@ void Scheduler::EnsureHashes(Sequence& seq, int num_blocks) {
   const std::span<const int32_t> tokens(seq.tokens);
   while (static_cast<int>(seq.block_hashes.size()) < num_blocks) {
     const size_t at = seq.block_hashes.size() * block_size;
-    const uint64_t parent = seq.block_hashes.empty() ? kNoParentHash : seq.block_hashes.back();
+    const BlockHash parent = seq.block_hashes.empty() ? kNoParentHash : seq.block_hashes.back();
     seq.block_hashes.push_back(ChainBlockHash(parent, tokens.subspan(at, block_size)));
   }
 }
 
-std::span<const uint64_t> Scheduler::LookupHashes(Sequence& seq) {
+std::span<const BlockHash> Scheduler::LookupHashes(Sequence& seq) {
   // Full blocks before the last known token: at least that token is
   // computed, so the step that ends the sequence's known tokens samples.
   const int blocks = (static_cast<int>(seq.tokens.size()) - 1) / kv_.block_size();
   EnsureHashes(seq, blocks);
-  return std::span<const uint64_t>(seq.block_hashes).first(blocks);
+  return std::span<const BlockHash>(seq.block_hashes).first(blocks);
 }
 
 void Scheduler::CommitComputed(Sequence& seq) {
@@ -72,7 +72,7 @@ void Scheduler::CommitComputed(Sequence& seq) {
   if (!options_.enable_prefix_caching || blocks <= seq.committed_blocks) return;
   EnsureHashes(seq, blocks);
   // Cannot fail: the sequence holds at least `blocks` blocks.
-  (void)kv_.CommitBlockHashes(seq.id, std::span<const uint64_t>(seq.block_hashes).first(blocks));
+  (void)kv_.CommitBlockHashes(seq.id, std::span<const BlockHash>(seq.block_hashes).first(blocks));
   seq.committed_blocks = blocks;
 }
 
@@ -229,7 +229,7 @@ PlanSeq Scheduler::WaitingPlanSeq(Sequence& seq) {
             .reserve_tokens = seq.reserve_tokens,
             .admit_blocks = kv_.BlocksForTokens(seq.reserve_tokens)};
   if (options_.enable_prefix_caching) {
-    const std::span<const uint64_t> lookup = LookupHashes(seq);
+    const std::span<const BlockHash> lookup = LookupHashes(seq);
     p.num_computed = kv_.NumCachedBlocks(lookup) * kv_.block_size();
     p.admit_blocks = kv_.FreeBlocksNeeded(lookup, seq.reserve_tokens);
   }
@@ -272,7 +272,11 @@ ScheduledStep Scheduler::Schedule() {
     admit_blocks += input.waiting.back().admit_blocks;
     if (admit_blocks > input.free_blocks) break;
   }
-  const StepPlan plan = PlanStep(input, options_.plan);
+  PlanOptions plan_options = options_.plan;
+  if (step_token_limit_ > 0) {
+    plan_options.max_batch_tokens = std::min(plan_options.max_batch_tokens, step_token_limit_);
+  }
+  const StepPlan plan = PlanStep(input, plan_options);
 
   ScheduledStep step;
   for (SeqId id : plan.too_large) {
@@ -297,9 +301,9 @@ ScheduledStep Scheduler::Schedule() {
   for (const PlannedSeq& p : plan.seqs) {
     if (!p.admit) continue;
     Sequence& seq = seqs_.at(p.id);
-    std::span<const uint64_t> cached;
+    std::span<const BlockHash> cached;
     if (options_.enable_prefix_caching) {
-      const std::span<const uint64_t> lookup = LookupHashes(seq);
+      const std::span<const BlockHash> lookup = LookupHashes(seq);
       cached = lookup.first(kv_.NumCachedBlocks(lookup));
     }
     const int cached_tokens = static_cast<int>(cached.size()) * kv_.block_size();

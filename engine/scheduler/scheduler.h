@@ -127,7 +127,7 @@ class Scheduler {
     // Prefix caching: chained hashes of the first full blocks of `tokens`
     // (extended as needed), how many of this admission's blocks carry their
     // hash, and the cached prompt tokens seen when it was added.
-    std::vector<uint64_t> block_hashes;
+    std::vector<BlockHash> block_hashes;
     int committed_blocks = 0;
     int cached_when_added = 0;
 
@@ -165,6 +165,9 @@ class Scheduler {
   // or unknown.
   bool Cancel(SeqId id);
 
+  // Caps the new tokens of the steps planned from now on below the options'
+  // max_batch_tokens (a step bounded in time on a slow device); 0 lifts it.
+  void set_step_token_limit(int tokens) { step_token_limit_ = tokens; }
   // Plans the next step and takes its blocks. Empty when nothing can run.
   ScheduledStep Schedule();
   // Applies a finished step (its result, or the error that failed it).
@@ -200,11 +203,12 @@ class Scheduler {
   int FullReserveTokens(int prompt_len, int known_tokens, const SamplingParams& sampling) const;
   // Prefix caching: the hashes admission looks up (full blocks before the
   // last known token), and committing the hashes of computed full blocks.
-  std::span<const uint64_t> LookupHashes(Sequence& seq);
+  std::span<const BlockHash> LookupHashes(Sequence& seq);
   void EnsureHashes(Sequence& seq, int num_blocks);
   void CommitComputed(Sequence& seq);
 
   const SchedulerOptions options_;
+  int step_token_limit_ = 0;
   const ModelConfig& config_;
   KvCacheManager kv_;
   // Node-based: pointers and spans into a Sequence stay valid until it is

@@ -2,7 +2,7 @@
 #include "kvtransfer/device/cuda_staging.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "kvtransfer/device/kv_copy.cuh"
 
 namespace pdserve::kvtransfer::device {

@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "kvtransfer/device_staging.h"
 
 namespace pdserve::kvtransfer::device {

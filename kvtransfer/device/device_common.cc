@@ -8,7 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 
 namespace pdserve::kvtransfer::device {
 namespace {

@@ -21,8 +21,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/cuda/cuda_compat.h"
-#include "engine/cuda/nccl_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
+#include "engine/cuda/base/nccl_compat.h"
 #include "engine/runtime/model_runner.h"
 #include "pdserve/internal/v1/kv_transfer.pb.h"
 

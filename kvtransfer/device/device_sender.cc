@@ -20,9 +20,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
-#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/base/cuda_status.h"
 #include "kvtransfer/device/kv_copy.cuh"
 #include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_blocks.h"

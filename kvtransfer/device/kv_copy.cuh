@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::kvtransfer::device {
 

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -63,20 +64,26 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_vie
   }
 }
 
-std::string SockaddrToString(const sockaddr* sa) {
+// The address of `sa` alone; "?" for another family.
+std::string SockaddrHost(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
   if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-    return absl::StrCat(host, ":", port);
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, host, sizeof(host));
+  } else if (sa->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, host,
+                sizeof(host));
+  }
+  return host;
+}
+
+std::string SockaddrToString(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return absl::StrCat(SockaddrHost(sa), ":",
+                        ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
   }
   if (sa->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-    return absl::StrCat("[", host, "]:", port);
+    return absl::StrCat("[", SockaddrHost(sa),
+                        "]:", ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
   }
   return "?";
 }
@@ -180,9 +187,10 @@ Connection::Connection(int fd) : fd_(fd) {
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
-  peer_ = ::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0
-              ? SockaddrToString(reinterpret_cast<sockaddr*>(&addr))
-              : "?";
+  if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    peer_ = SockaddrToString(reinterpret_cast<sockaddr*>(&addr));
+    peer_host_ = SockaddrHost(reinterpret_cast<sockaddr*>(&addr));
+  }
 }
 
 Connection::~Connection() { ::close(fd_); }
@@ -311,6 +319,21 @@ bool Connection::ReadableNow() {
     r = ::poll(&p, 1, 0);
   } while (r < 0 && errno == EINTR);
   return r > 0;
+}
+
+size_t Connection::UnreadBytes() {
+  int n = 0;
+  if (::ioctl(fd_, FIONREAD, &n) != 0 || n < 0) return 0;
+  return static_cast<size_t>(n);
+}
+
+bool Connection::ClosedByPeerNow() {
+  std::byte byte;
+  ssize_t n;
+  do {
+    n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 void Connection::DrainUntilEof(absl::Time deadline) {

@@ -80,6 +80,11 @@ class Connection {
   absl::StatusOr<bool> WaitReadable(absl::Time deadline, const WakeFd* wake);
   // True if a read would not block right now (data, EOF or an error pending).
   bool ReadableNow();
+  // Bytes received and not read yet (0 on an error); never blocks.
+  size_t UnreadBytes();
+  // True if the peer closed (or the connection broke) with no data left to
+  // read; never blocks.
+  bool ClosedByPeerNow();
   // Reads and discards until EOF, an error, or `deadline`. Used for a
   // lingering close: after sending a final message and ShutdownWrite(), the
   // peer's in-flight data is consumed so that close() does not send a RST
@@ -90,12 +95,17 @@ class Connection {
   // Both directions; blocked and later I/O on this connection fails at once.
   void Shutdown();
 
+  // The descriptor, to watch in an epoll set; only the destructor closes it.
+  int fd() const { return fd_; }
   // "address:port" of the peer, for messages.
   const std::string& peer() const { return peer_; }
+  // The peer's address alone ("127.0.0.1", "::1"; "?" if unknown).
+  const std::string& peer_host() const { return peer_host_; }
 
  private:
   const int fd_;
-  std::string peer_;
+  std::string peer_{"?"};
+  std::string peer_host_{"?"};
 };
 
 // A listening TCP socket (non-blocking, close-on-exec).

@@ -13,6 +13,9 @@
 #include "kvtransfer/tcp/tcp_receiver.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -31,8 +34,14 @@
 namespace pdserve::kvtransfer {
 namespace {
 
-// How often the accept thread reaps exited handler threads when idle.
-constexpr int kReapIntervalMs = 500;
+// How often the accept thread reaps exited handler threads and closes
+// waiting connections past their deadline.
+constexpr int kReapIntervalMs = 100;
+constexpr int kMaxEvents = 128;
+// epoll data of the listener and the wake-up descriptor; waiting
+// connections have ids from 2.
+constexpr uint64_t kListenerTag = 0;
+constexpr uint64_t kWakeTag = 1;
 // How long the accept thread backs off after accept() fails (EMFILE, ...).
 constexpr int kAcceptBackoffMs = 100;
 // Budget for telling a connection refused at accept time why.
@@ -107,8 +116,15 @@ struct TcpKvReceiver::Transfer {
   absl::Status outcome ABSL_GUARDED_BY(sink_mu);
 };
 
+// A connection that has sent nothing yet (the accept thread's).
+struct TcpKvReceiver::Waiting {
+  std::shared_ptr<tcp::Connection> conn;
+  absl::Time deadline;  // for its first HEADER
+};
+
 // One connection's thread. Fields are guarded by the receiver's mu_.
 struct TcpKvReceiver::Handler {
+  uint64_t slot = 0;
   std::thread thread;
   std::shared_ptr<tcp::Connection> conn;  // for Shutdown() at destruction; reset on exit
   bool finished = false;                  // the thread is exiting; join() will not block
@@ -117,8 +133,10 @@ struct TcpKvReceiver::Handler {
 absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(
     const std::string& bind_host, int port, std::span<const engine::KvRegion> regions,
     TcpReceiverOptions options) {
-  if (options.max_connections < 1 || options.handshake_timeout <= absl::ZeroDuration() ||
-      options.linger < absl::ZeroDuration() || options.idle_timeout <= absl::ZeroDuration()) {
+  if (options.max_connections < 1 || options.max_unauthenticated_per_source < 1 ||
+      options.max_waiting_connections < 1 || options.max_waiting_per_source < 1 ||
+      options.handshake_timeout <= absl::ZeroDuration() || options.linger < absl::ZeroDuration() ||
+      options.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("bad TcpReceiverOptions");
   }
   for (const engine::KvRegion& r : regions) {
@@ -134,8 +152,17 @@ absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(
   std::string host = options.advertise_host.empty() ? bind_host : options.advertise_host;
   if (host.empty()) host = "0.0.0.0";
   const std::string endpoint = tcp::FormatTcpEndpoint(host, (*listener)->port());
-  std::unique_ptr<TcpKvReceiver> receiver(new TcpKvReceiver(
-      std::move(options), regions, std::move(*listener), std::move(*wake), endpoint));
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) return absl::ResourceExhaustedError("kv receiver: epoll_create1 failed");
+  // Waiting connections take at most a quarter of the descriptors.
+  int max_waiting = options.max_waiting_connections;
+  if (rlimit limit; ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    max_waiting = static_cast<int>(std::min<rlim_t>(static_cast<rlim_t>(max_waiting),
+                                                    std::max<rlim_t>(limit.rlim_cur / 4, 1)));
+  }
+  std::unique_ptr<TcpKvReceiver> receiver(new TcpKvReceiver(std::move(options), regions,
+                                                            std::move(*listener), std::move(*wake),
+                                                            endpoint, epoll_fd, max_waiting));
   try {
     receiver->accept_thread_ = std::thread([r = receiver.get()] { r->AcceptLoop(); });
     receiver->timer_thread_ = std::thread([r = receiver.get()] { r->TimerLoop(); });
@@ -147,12 +174,19 @@ absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(
 
 TcpKvReceiver::TcpKvReceiver(TcpReceiverOptions options, std::span<const engine::KvRegion> regions,
                              std::unique_ptr<tcp::Listener> listener,
-                             std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint)
+                             std::unique_ptr<tcp::WakeFd> stop_wake, std::string endpoint,
+                             int epoll_fd, int max_waiting)
     : options_(std::move(options)),
       regions_(regions),
       listener_(std::move(listener)),
       stop_wake_(std::move(stop_wake)),
-      endpoint_(std::move(endpoint)) {}
+      endpoint_(std::move(endpoint)),
+      epoll_fd_(epoll_fd),
+      max_waiting_(max_waiting),
+      waiting_slots_({.max_connections = max_waiting,
+                      .max_unauthenticated_per_source = options_.max_waiting_per_source}),
+      slots_({.max_connections = options_.max_connections,
+              .max_unauthenticated_per_source = options_.max_unauthenticated_per_source}) {}
 
 TcpKvReceiver::~TcpKvReceiver() {
   {
@@ -163,6 +197,8 @@ TcpKvReceiver::~TcpKvReceiver() {
   stop_wake_->Signal();
   if (accept_thread_.joinable()) accept_thread_.join();
   if (timer_thread_.joinable()) timer_thread_.join();
+  waiting_.clear();  // closes them
+  ::close(epoll_fd_);
   // No new handlers or transfers from here on (stopping_ refuses them).
   std::vector<std::shared_ptr<Transfer>> pending;
   {
@@ -272,55 +308,184 @@ void TcpKvReceiver::TimerLoop() {
 }
 
 void TcpKvReceiver::AcceptLoop() {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenerTag;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listener_->fd(), &ev);
+  ev.data.u64 = kWakeTag;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_wake_->fd(), &ev);
+  epoll_event events[kMaxEvents];
+  absl::Time listener_paused_until = absl::InfinitePast();
   while (true) {
-    pollfd fds[2] = {{listener_->fd(), POLLIN, 0}, {stop_wake_->fd(), POLLIN, 0}};
-    const int r = ::poll(fds, 2, kReapIntervalMs);
+    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, kReapIntervalMs);
     {
       absl::MutexLock l(&mu_);
       if (stopping_) return;
     }
     ReapFinishedHandlers();
-    if (r <= 0 || fds[0].revents == 0) continue;
-    absl::StatusOr<std::shared_ptr<tcp::Connection>> conn = listener_->Accept();
-    if (!conn.ok()) {
-      // Out of descriptors or memory: back off rather than spin on poll().
-      pollfd stop{stop_wake_->fd(), POLLIN, 0};
-      ::poll(&stop, 1, kAcceptBackoffMs);
-      continue;
+    const absl::Time now = absl::Now();
+    ExpireWaiting(now);
+    if (listener_paused_until != absl::InfinitePast() && now >= listener_paused_until) {
+      listener_paused_until = absl::InfinitePast();
+      ev.events = EPOLLIN;
+      ev.data.u64 = kListenerTag;
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listener_->fd(), &ev);
     }
-    if (*conn != nullptr) StartHandler(std::move(*conn));
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kListenerTag) {
+        AcceptReady();
+        continue;
+      }
+      if (tag == kWakeTag) continue;  // stop: checked above
+      // A waiting connection's first bytes (or its close) arrived.
+      auto it = waiting_.find(tag);
+      if (it == waiting_.end()) continue;  // closed earlier in this round
+      Waiting w = std::move(it->second);
+      waiting_.erase(it);
+      waiting_slots_.Release(tag);
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, w.conn->fd(), nullptr);
+      if (w.conn->ClosedByPeerNow()) continue;  // it left: no thread for it
+      StartHandler(std::move(w.conn), w.deadline);
+    }
+    // Out of descriptors with none waiting to give up: stop watching the
+    // listener a moment rather than spin on it.
+    if (accept_paused_ && listener_paused_until == absl::InfinitePast()) {
+      accept_paused_ = false;
+      listener_paused_until = absl::Now() + absl::Milliseconds(kAcceptBackoffMs);
+      ev.events = 0;
+      ev.data.u64 = kListenerTag;
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listener_->fd(), &ev);
+    }
   }
 }
 
-void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn) {
+void TcpKvReceiver::AcceptReady() {
+  for (int i = 0; i < kMaxEvents; ++i) {
+    absl::StatusOr<std::shared_ptr<tcp::Connection>> accepted = listener_->Accept();
+    if (!accepted.ok()) {
+      // Out of descriptors or memory: a waiting stranger gives its up.
+      if (EvictOldestWaiting()) continue;
+      accept_paused_ = true;
+      return;
+    }
+    if (*accepted == nullptr) return;  // none left
+    std::shared_ptr<tcp::Connection> conn = *std::move(accepted);
+    {
+      absl::MutexLock l(&mu_);
+      ++connections_accepted_;
+    }
+    const uint64_t id = next_waiting_++;
+    tcp::ConnectionSlots::Admission admission =
+        waiting_slots_.Admit(id, conn->peer_host(), [](uint64_t) { return false; });
+    for (uint64_t evicted : admission.evicted) {
+      auto it = waiting_.find(evicted);
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.conn->fd(), nullptr);
+      waiting_.erase(it);  // closes it
+    }
+    if (!admission.evicted.empty()) {
+      absl::MutexLock l(&mu_);
+      connections_evicted_ += static_cast<int>(admission.evicted.size());
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn->fd(), &ev) != 0) {
+      waiting_slots_.Release(id);
+      continue;
+    }
+    waiting_.emplace(id, Waiting{std::move(conn), absl::Now() + options_.handshake_timeout});
+  }
+}
+
+bool TcpKvReceiver::EvictOldestWaiting() {
+  if (waiting_.empty()) return false;
+  // The lowest id is the oldest.
+  auto oldest = std::min_element(waiting_.begin(), waiting_.end(),
+                                 [](const auto& a, const auto& b) { return a.first < b.first; });
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, oldest->second.conn->fd(), nullptr);
+  waiting_slots_.Release(oldest->first);
+  waiting_.erase(oldest);
+  absl::MutexLock l(&mu_);
+  ++connections_evicted_;
+  return true;
+}
+
+void TcpKvReceiver::ExpireWaiting(absl::Time now) {
+  std::vector<uint64_t> expired;
+  for (const auto& [id, w] : waiting_) {
+    if (now >= w.deadline) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    auto it = waiting_.find(id);
+    tcp::Connection& conn = *it->second.conn;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn.fd(), nullptr);
+    // One attempt to say why (the socket buffer of a silent peer is empty).
+    tcp::WriteAckFrame(conn,
+                       absl::DeadlineExceededError(absl::StrCat(
+                           "kv receiver ", endpoint_, ": no HEADER within ",
+                           absl::FormatDuration(options_.handshake_timeout), " of connecting")),
+                       now)
+        .IgnoreError();
+    waiting_slots_.Release(id);
+    waiting_.erase(it);
+  }
+}
+
+void TcpKvReceiver::StartHandler(std::shared_ptr<tcp::Connection> conn, absl::Time deadline) {
+  std::string refusal;
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return;
-    ++connections_accepted_;
-    if (active_handlers_ < options_.max_connections) {
+    const uint64_t slot = next_slot_++;
+    // A connection with a whole frame header waiting is about to
+    // authenticate (a sender writes its HEADER at once); one with less is a
+    // talker that stalled, whether or not its handler has read its bytes yet
+    // (on a busy machine it may not have been scheduled).
+    tcp::ConnectionSlots::Admission admission =
+        slots_.Admit(slot, conn->peer_host(), [this](uint64_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return slot_handlers_.at(id)->conn->UnreadBytes() >= tcp::kFrameHeaderBytes;
+        });
+    for (uint64_t evicted : admission.evicted) {
+      // Its handler sees the cut, fails its handshake and exits.
+      Handler* victim = slot_handlers_.at(evicted);
+      slot_handlers_.erase(evicted);
+      victim->conn->Shutdown();
+      ++connections_evicted_;
+    }
+    if (admission.admitted) {
       handlers_.emplace_back();
       Handler* h = &handlers_.back();
+      h->slot = slot;
       h->conn = conn;
       try {
-        h->thread = std::thread([this, h, conn] {
-          HandleConnection(conn);
+        h->thread = std::thread([this, h, conn, slot, deadline] {
+          HandleConnection(conn, slot, deadline);
           absl::MutexLock l(&mu_);
           h->finished = true;
           h->conn.reset();
-          --active_handlers_;
+          slots_.Release(slot);
+          if (auto it = slot_handlers_.find(slot); it != slot_handlers_.end() && it->second == h) {
+            slot_handlers_.erase(it);
+          }
         });
-        ++active_handlers_;
+        slot_handlers_[slot] = h;
         return;
       } catch (const std::system_error&) {
         handlers_.pop_back();
+        slots_.Release(slot);
+        refusal = "cannot start a connection thread";
       }
+    } else {
+      refusal = std::move(admission.refusal);
     }
+    ++connections_refused_;
   }
-  // At capacity (or out of threads): refuse without holding up the accept loop.
-  tcp::WriteAckFrame(
-      *conn,
-      absl::UnavailableError(absl::StrCat("kv receiver ", endpoint_, " at connection capacity")),
-      absl::Now() + kOverloadAckTimeout)
+  // No slot (or out of threads): refuse without holding up the accept loop.
+  tcp::WriteAckFrame(*conn,
+                     absl::UnavailableError(absl::StrCat("kv receiver ", endpoint_,
+                                                         " at connection capacity: ", refusal)),
+                     absl::Now() + kOverloadAckTimeout)
       .IgnoreError();
   conn->Shutdown();
 }
@@ -338,7 +503,8 @@ void TcpKvReceiver::ReapFinishedHandlers() {
   for (Handler& h : done) h.thread.join();
 }
 
-void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& conn) {
+void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& conn, uint64_t slot,
+                                     absl::Time first_deadline) {
   for (bool first = true;; first = false) {
     if (!first) {
       // Between transfers: the sender keeps the connection in its pool.
@@ -349,8 +515,10 @@ void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& con
         return;
       }
     }
+    // The first HEADER is due within handshake_timeout of the accept; a
+    // later one (a pooled connection) within it of its first bytes.
     absl::StatusOr<std::shared_ptr<Transfer>> claimed =
-        Claim(conn, absl::Now() + options_.handshake_timeout);
+        Claim(conn, slot, first ? first_deadline : absl::Now() + options_.handshake_timeout);
     if (!claimed.ok()) {
       RefuseAndClose(*conn, claimed.status());
       return;
@@ -383,7 +551,7 @@ void TcpKvReceiver::HandleConnection(const std::shared_ptr<tcp::Connection>& con
 }
 
 absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
-    const std::shared_ptr<tcp::Connection>& conn, absl::Time deadline) {
+    const std::shared_ptr<tcp::Connection>& conn, uint64_t slot, absl::Time deadline) {
   const std::string from = absl::StrCat("kv sender ", conn->peer());
   absl::StatusOr<tcp::FrameHeader> frame = tcp::ReadFrameHeader(*conn, deadline);
   if (!frame.ok()) return tcp::WithContext(frame.status(), from + ": reading HEADER");
@@ -399,6 +567,13 @@ absl::StatusOr<std::shared_ptr<TcpKvReceiver::Transfer>> TcpKvReceiver::Claim(
   }
   if (absl::Status s = CheckPeerCredential(header); !s.ok()) {
     return tcp::WithContext(s, from);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (!slots_.Authenticate(slot)) {
+      return absl::UnavailableError(
+          absl::StrCat(from, ": connection closed to make room during its handshake"));
+    }
   }
   const TransferId id = header.transfer_id();
   std::shared_ptr<Transfer> t;

@@ -5,7 +5,9 @@
 // staging buffer (device regions).
 //
 // Threads (all owned and joined by the receiver):
-//   accept thread   accepts connections and starts one handler per connection;
+//   accept thread   accepts connections and holds each (no thread) until its
+//                   first bytes arrive, then starts one handler for it (or
+//                   evicts and refuses: see "Connection slots" below);
 //   timer thread    fails Expect()ed transfers that no sender claimed before
 //                   their deadline (DEADLINE_EXCEEDED);
 //   handler threads run the handshake, read frames into the blocks, call the
@@ -17,6 +19,28 @@
 // Cancel(), or the destructor, and after it nothing writes the transfer's
 // blocks. A sink must not call Cancel() for its own transfer from inside
 // OnLayer (it would wait on itself); it returns an error instead.
+//
+// Connection slots (tcp/connection_slots.h): a new connection must present
+// the cluster credential in its first HEADER within handshake_timeout (2 s)
+// of its accept; until then it is unauthenticated. Two tiers:
+//   waiting   connections that have sent nothing yet cost a descriptor in
+//             the accept thread's epoll set, no thread: at most
+//             max_waiting_connections (and a quarter of RLIMIT_NOFILE), at
+//             most max_waiting_per_source from one address; beyond, the
+//             oldest waiting connection (of that address, or of all) is
+//             closed for the newcomer. A sender writes its HEADER right
+//             after connecting, so it leaves this tier at once.
+//   handlers  a connection whose bytes arrived gets a thread and reads its
+//             HEADER: at most max_connections, and at most
+//             max_unauthenticated_per_source still in their handshake from
+//             one address; when short, the oldest idle unauthenticated
+//             handler is closed for the newcomer. An authenticated
+//             connection (a transfer in progress, a sender's pooled
+//             connection) is never closed for a newcomer; when every slot
+//             is authenticated or mid-handshake, the newcomer is refused
+//             (ACK{false} UNAVAILABLE).
+// So idle strangers hold no thread and cannot keep the cluster's senders
+// out.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +59,7 @@
 #include "absl/time/time.h"
 #include "engine/runtime/model_runner.h"
 #include "kvtransfer/device_staging.h"
+#include "kvtransfer/tcp/connection_slots.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::kvtransfer {
@@ -48,13 +73,20 @@ struct TcpReceiverOptions {
   // Host put in endpoint(); empty = the bind host. Set it when binding a
   // wildcard address ("0.0.0.0", "::") so senders get a reachable address.
   std::string advertise_host;
-  // A new connection must send its HEADER within this.
-  absl::Duration handshake_timeout = absl::Seconds(10);
+  // A new connection must send its HEADER (with the credential) within this.
+  // A sender writes it right after connecting, so 2 s is ample on a loaded
+  // host and bounds how long a stranger holds a slot.
+  absl::Duration handshake_timeout = absl::Seconds(2);
   // After refusing or failing a transfer, how long to keep reading (and
   // discarding) the sender's data so the error ACK is not lost to a TCP RST.
   absl::Duration linger = absl::Seconds(1);
-  // Connections beyond this are refused at once.
+  // Connection slots; see above.
   int max_connections = 256;
+  // Unauthenticated handlers from one address; see above.
+  int max_unauthenticated_per_source = 32;
+  // Connections that have sent nothing yet, in all and from one address.
+  int max_waiting_connections = 1024;
+  int max_waiting_per_source = 512;
   // How long a connection may wait between transfers before it is closed
   // (above the senders' idle_timeout).
   absl::Duration idle_timeout = absl::Seconds(60);
@@ -91,6 +123,16 @@ class TcpKvReceiver final : public KvReceiver {
     absl::MutexLock l(&mu_);
     return connections_accepted_;
   }
+  // Unauthenticated connections closed to make room (waiting or in a
+  // handler), and connections refused for want of a handler slot, so far.
+  int connections_evicted() const {
+    absl::MutexLock l(&mu_);
+    return connections_evicted_;
+  }
+  int connections_refused() const {
+    absl::MutexLock l(&mu_);
+    return connections_refused_;
+  }
 
  private:
   struct Transfer;
@@ -98,18 +140,30 @@ class TcpKvReceiver final : public KvReceiver {
 
   TcpKvReceiver(TcpReceiverOptions options, std::span<const engine::KvRegion> regions,
                 std::unique_ptr<tcp::Listener> listener, std::unique_ptr<tcp::WakeFd> stop_wake,
-                std::string endpoint);
+                std::string endpoint, int epoll_fd, int max_waiting);
+
+  struct Waiting;
 
   void AcceptLoop();
+  // Accept thread: takes new connections into the waiting tier.
+  void AcceptReady();
+  // Accept thread: closes the oldest waiting connection; false if none.
+  bool EvictOldestWaiting();
+  // Accept thread: closes waiting connections past their deadline.
+  void ExpireWaiting(absl::Time now);
   void TimerLoop();
-  void StartHandler(std::shared_ptr<tcp::Connection> conn);
+  // Gives `conn`, whose first HEADER is due by `deadline`, a handler thread.
+  void StartHandler(std::shared_ptr<tcp::Connection> conn, absl::Time deadline);
   void ReapFinishedHandlers();
-  // Handler thread body: one connection, its transfers one after another.
-  void HandleConnection(const std::shared_ptr<tcp::Connection>& conn);
+  // Handler thread body: one connection (slot `slot`), its transfers one
+  // after another; the first HEADER is due by `first_deadline`.
+  void HandleConnection(const std::shared_ptr<tcp::Connection>& conn, uint64_t slot,
+                        absl::Time first_deadline);
   // Handshake: the claimed transfer, or the reason to refuse the connection.
-  // The HEADER must arrive by `deadline`.
+  // The HEADER must arrive by `deadline`; its credential authenticates
+  // `slot`.
   absl::StatusOr<std::shared_ptr<Transfer>> Claim(const std::shared_ptr<tcp::Connection>& conn,
-                                                  absl::Time deadline);
+                                                  uint64_t slot, absl::Time deadline);
   // Streams chunk frames into the blocks until FINISH (the first token) or a failure.
   absl::StatusOr<int32_t> ReceiveLayers(Transfer& t, tcp::Connection& conn);
   // Reads one chunk's rows (K then V) into the transfer's blocks and tells
@@ -127,14 +181,27 @@ class TcpKvReceiver final : public KvReceiver {
   const std::unique_ptr<tcp::Listener> listener_;
   const std::unique_ptr<tcp::WakeFd> stop_wake_;  // wakes the accept thread
   const std::string endpoint_;
+  const int epoll_fd_;     // the accept thread's: listener, wake-up, waiting connections
+  const int max_waiting_;  // max_waiting_connections within the descriptor limit
+
+  // The waiting tier: the accept thread's only (and the destructor's, after it).
+  tcp::ConnectionSlots waiting_slots_;
+  absl::flat_hash_map<uint64_t, Waiting> waiting_;
+  uint64_t next_waiting_ = 2;   // waiting ids (epoll data); 0 and 1 are the listener, wake-up
+  bool accept_paused_ = false;  // accept() failed with nothing to evict
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int connections_accepted_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::CondVar timer_cv_;  // signalled on Expect and on stop
+  int connections_evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  int connections_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  tcp::ConnectionSlots slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_slot_ ABSL_GUARDED_BY(mu_) = 1;  // slot ids; 0 is none
+  absl::CondVar timer_cv_;                       // signalled on Expect and on stop
   absl::flat_hash_map<TransferId, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   std::list<Handler> handlers_ ABSL_GUARDED_BY(mu_);
-  int active_handlers_ ABSL_GUARDED_BY(mu_) = 0;
+  // The handlers whose connections hold a slot, by slot id.
+  absl::flat_hash_map<uint64_t, Handler*> slot_handlers_ ABSL_GUARDED_BY(mu_);
 
   // Started last in Create, joined first in the destructor.
   std::thread accept_thread_;

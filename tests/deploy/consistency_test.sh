@@ -154,14 +154,17 @@ done
 echo "binaries: $(grep -c . <<<"$executables") CMake executables; Deployments run: ${deployed_binaries//$'\n'/ }"
 
 # --- 3. Flags ------------------------------------------------------------------
-# Flags of one binary: its own sources' ABSL_FLAGs and common/'s.
+# Flags of one binary: its own main's ABSL_FLAGs, common/'s and the
+# service skeleton's flag groups (common/service/*_flags.cc).
 flags_of() {  # binary
   local line dir source
   line=$(awk -v n="$1" '$3 == n { print; exit }' <<<"$executables")
   [ -n "$line" ] || return 0
   dir=$(cut -d' ' -f1 <<<"$line"); source=$(cut -d' ' -f4 <<<"$line")
-  cat "$src/$dir/$source" "$src"/common/*.cc 2>/dev/null |
-    { grep -oE 'ABSL_FLAG\([^,]+, *[a-z0-9_]+' || true; } | sed -E 's/.*, *//' | sort -u
+  # A definition may wrap after "ABSL_FLAG(": lines are joined first.
+  cat "$src/$dir/$source" "$src"/common/*.cc "$src"/common/service/*_flags.cc 2>/dev/null |
+    tr '\n' ' ' |
+    { grep -oE 'ABSL_FLAG\( *[^,]+, *[a-z0-9_]+' || true; } | sed -E 's/.*, *//' | sort -u
 }
 # Flags given to a Deployment: its base file's args plus the JSON patches the
 # overlays apply to it (kustomization: target name, then path).

@@ -32,9 +32,9 @@
 #include "absl/strings/str_split.h"
 #include "bench/model_shapes.h"
 #include "bench/random_weights.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "engine/cuda/cuda_model_runner.h"
 
 ABSL_FLAG(std::string, shapes, "llama-1b,qwen3-0.6b", "Model shapes (bench/model_shapes.h)");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every pdserve binary answers --help with its own flags and --version with
-# the project version, both with exit status 0 (common/cli.h).
+# the project version, both with exit status 0 (common/base/cli.h).
 #   cli_test.sh VERSION BINARY:FLAG...   (FLAG: one flag the binary defines)
 set -euo pipefail
 version=$1

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/util/poll.h"
 
 namespace pdserve::testing {
 namespace {
@@ -52,19 +53,17 @@ class ClusterTest : public ::testing::Test {
     return text.ok() ? MetricValue(*text, name) : -1;
   }
 
-  // Waits until both workers hold no KV; returns false on timeout.
-  bool WaitKvFreed(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (WorkerMetric(*cluster_->decode()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
-          WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
-          WorkerMetric(*cluster_->decode()[0], "pdserve_decode_running_sequences") == 0 &&
-          WorkerMetric(*cluster_->decode()[0], "pdserve_decode_waiting_kv_sequences") == 0) {
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
+  // Waits until both workers hold no KV; false if they still do after a
+  // generous deadline.
+  bool WaitKvFreed() {
+    return PollUntil(
+        [&] {
+          return WorkerMetric(*cluster_->decode()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+                 WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+                 WorkerMetric(*cluster_->decode()[0], "pdserve_decode_running_sequences") == 0 &&
+                 WorkerMetric(*cluster_->decode()[0], "pdserve_decode_waiting_kv_sequences") == 0;
+        },
+        kGenerousDeadline, absl::Milliseconds(50));
   }
 
   static std::string* work_dir_;
@@ -199,7 +198,7 @@ TEST_F(ClusterTest, StopStringIsMatchedAcrossTokensAndNotLeaked) {
   // Tokens up to the one completing the stop string; text strictly before it.
   EXPECT_EQ(got.tokens.size(), expected_tokens);
   EXPECT_EQ(got.text, full.substr(0, at));
-  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
+  EXPECT_TRUE(WaitKvFreed());
 }
 
 TEST_F(ClusterTest, TextPromptStreamsValidUtf8) {
@@ -237,7 +236,7 @@ TEST_F(ClusterTest, EightConcurrentStreamsComplete) {
     EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(40 + i));
     EXPECT_EQ(results[i].last.finish_reason(), v1::FINISH_REASON_LENGTH);
   }
-  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
+  EXPECT_TRUE(WaitKvFreed());
 }
 
 TEST_F(ClusterTest, BadInputIsInvalidArgumentNamingTheField) {
@@ -327,7 +326,7 @@ TEST_F(ClusterTest, CancelAndDeadlineFreeKvOnBothWorkers) {
                 s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
         << s.error_message();
   }
-  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10))) << "KV not freed after cancellations";
+  EXPECT_TRUE(WaitKvFreed()) << "KV not freed after cancellations";
 }
 
 TEST_F(ClusterTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
@@ -402,7 +401,7 @@ TEST_F(ClusterTest, EveryCallIsCountedOnceByHowItEnded) {
   v1::GenerateRequest ok = TokenRequest({256, 1, 2}, 3);
   ok.mutable_sampling()->set_ignore_eos(true);
   EXPECT_TRUE(RunGenerate(*stub, ok).status.ok());
-  EXPECT_TRUE(WaitKvFreed(absl::Seconds(10)));
+  EXPECT_TRUE(WaitKvFreed());
 
   const auto after = counts();
   EXPECT_EQ(after.at("deadline") - before.at("deadline"), 2);

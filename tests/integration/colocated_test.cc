@@ -1,4 +1,4 @@
-// The colocated baseline (decode_worker/colocated_*, pdserve_colocated; its
+// The colocated baseline (colocated/colocated_*, pdserve_colocated; its
 // step planning is the scheduler core's, tested in scheduler_test), as the
 // real process on loopback:
 // generations equal the in-process engine token for token, concurrent
@@ -14,17 +14,17 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "colocated/colocated_engine.h"
 #include "common/grpc_util.h"
-#include "decode_worker/colocated_engine.h"
-#include "engine/runtime/generator.h"
-#include "tools/model_writer.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/generator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/http_client.h"
 #include "tests/integration/local_cluster.h"
 #include "text/tokenizer.h"
+#include "tools/model_writer.h"
 
 namespace pdserve::testing {
 namespace {
@@ -60,7 +60,8 @@ class ColocatedTest : public ::testing::Test {
   bool WaitIdle(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
-      if (Metric("pdserve_kv_cache_usage_ratio") == 0 && Metric("pdserve_colocated_running_sequences") == 0 &&
+      if (Metric("pdserve_kv_cache_usage_ratio") == 0 &&
+          Metric("pdserve_colocated_running_sequences") == 0 &&
           Metric("pdserve_colocated_waiting_sequences") == 0) {
         return true;
       }
@@ -77,10 +78,13 @@ class ColocatedTest : public ::testing::Test {
 };
 
 TEST_F(ColocatedTest, GenerationsEqualTheInProcessEngine) {
-  auto runner = engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
+  auto runner =
+      engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
   ASSERT_TRUE(runner.ok()) << runner.status();
-  const std::vector<std::vector<int32_t>> prompts = {
-      {256, 72, 101, 108, 108, 111}, {1}, std::vector<int32_t>(40, 65), {300, 12, 250, 3, 99, 42, 7, 8}};
+  const std::vector<std::vector<int32_t>> prompts = {{256, 72, 101, 108, 108, 111},
+                                                     {1},
+                                                     std::vector<int32_t>(40, 65),
+                                                     {300, 12, 250, 3, 99, 42, 7, 8}};
   for (const auto& prompt : prompts) {
     for (uint64_t seed : {0u, 7u}) {
       engine::SamplingParams params;
@@ -103,7 +107,8 @@ TEST_F(ColocatedTest, GenerationsEqualTheInProcessEngine) {
       StreamResult got = RunGenerate(*stub_, request);
       ASSERT_TRUE(got.status.ok()) << got.status.error_message();
       EXPECT_EQ(got.tokens, expected->tokens) << prompt.size() << " tokens, seed " << seed;
-      EXPECT_EQ(static_cast<int>(got.last.finish_reason()), static_cast<int>(expected->finish_reason));
+      EXPECT_EQ(static_cast<int>(got.last.finish_reason()),
+                static_cast<int>(expected->finish_reason));
       EXPECT_EQ(got.last.usage().completion_tokens(), static_cast<int>(got.tokens.size()));
       EXPECT_EQ(got.last.timings().prefill_worker(), "colocated");
       EXPECT_GT(got.last.timings().time_to_first_token_seconds(), 0);
@@ -135,10 +140,12 @@ TEST_F(ColocatedTest, ConcurrentStreamsCompleteAndFreeTheirKv) {
 }
 
 TEST_F(ColocatedTest, BadInputIsInvalidArgument) {
-  for (const auto& request : {TokenRequest({}, 4), TokenRequest({1, 2}, 0), TokenRequest({1, 100000}, 4),
-                              TokenRequest(std::vector<int32_t>(500, 5), 100)}) {
+  for (const auto& request :
+       {TokenRequest({}, 4), TokenRequest({1, 2}, 0), TokenRequest({1, 100000}, 4),
+        TokenRequest(std::vector<int32_t>(500, 5), 100)}) {
     StreamResult got = RunGenerate(*stub_, request);
-    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.status.error_message();
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << got.status.error_message();
     EXPECT_TRUE(got.tokens.empty());
   }
 }
@@ -161,7 +168,8 @@ TEST_F(ColocatedTest, CancelFreesKv) {
 
 TEST_F(ColocatedTest, ServesTheOpenAiApiAndStopStringsThroughTheFrontEnd) {
   using Json = nlohmann::json;
-  auto runner = engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
+  auto runner =
+      engine::CreateModelRunner({.model_dir = model_dir_, .num_kv_blocks = 128, .num_threads = 1});
   ASSERT_TRUE(runner.ok()) << runner.status();
   const std::vector<int32_t> prompt = {256, 72, 101, 108, 108, 111};
   engine::SamplingParams params;
@@ -172,14 +180,16 @@ TEST_F(ColocatedTest, ServesTheOpenAiApiAndStopStringsThroughTheFrontEnd) {
   text::ByteTokenizer tokenizer((*runner)->config().vocab_size);
   const std::string text = tokenizer.Decode(expected->tokens);
 
-  const Json request = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  const Json request = {
+      {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
   HttpResult whole = Curl(http_port_, "/v1/completions", request.dump(), work_dir_ + "/body.json");
   ASSERT_EQ(whole.status, 200) << whole.body;
   EXPECT_EQ(Json::parse(whole.body)["choices"][0]["text"], text);
   EXPECT_EQ(Json::parse(whole.body)["usage"]["completion_tokens"], 24);
   Json streamed = request;
   streamed["stream"] = true;
-  HttpResult stream = Curl(http_port_, "/v1/completions", streamed.dump(), work_dir_ + "/body.json");
+  HttpResult stream =
+      Curl(http_port_, "/v1/completions", streamed.dump(), work_dir_ + "/body.json");
   ASSERT_EQ(stream.status, 200) << stream.body;
   const std::vector<std::string> events = SseData(stream.body);
   ASSERT_GE(events.size(), 2u);
@@ -189,14 +199,23 @@ TEST_F(ColocatedTest, ServesTheOpenAiApiAndStopStringsThroughTheFrontEnd) {
     streamed_text += Json::parse(events[i])["choices"][0]["text"].get<std::string>();
   }
   EXPECT_EQ(streamed_text, text);
-  // No chat template: refused naming the field; logprobs: not returned by this engine.
-  HttpResult chat = Curl(http_port_, "/v1/chat/completions",
-                         R"({"messages": [{"role": "user", "content": "hi"}]})", work_dir_ + "/body.json");
+  // No chat template: refused naming the field.
+  HttpResult chat =
+      Curl(http_port_, "/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "hi"}]})", work_dir_ + "/body.json");
   EXPECT_EQ(chat.status, 400);
   EXPECT_EQ(Json::parse(chat.body)["error"]["param"], "messages");
-  HttpResult logprobs = Curl(http_port_, "/v1/completions",
-                             R"({"prompt": "hi", "max_tokens": 2, "logprobs": 1})", work_dir_ + "/body.json");
-  EXPECT_EQ(logprobs.status, 400) << logprobs.body;
+  // Log-probabilities: one per generated token, each with its top alternative.
+  HttpResult logprobs =
+      Curl(http_port_, "/v1/completions",
+           R"({"prompt": "hi", "max_tokens": 2, "logprobs": 1, "ignore_eos": true})",
+           work_dir_ + "/body.json");
+  ASSERT_EQ(logprobs.status, 200) << logprobs.body;
+  const Json lp = Json::parse(logprobs.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), 2u) << logprobs.body;
+  ASSERT_EQ(lp["top_logprobs"].size(), 2u) << logprobs.body;
+  for (const Json& value : lp["token_logprobs"]) EXPECT_LE(value.get<double>(), 0.0);
+  for (const Json& top : lp["top_logprobs"]) EXPECT_EQ(top.size(), 1u) << logprobs.body;
 
   // Stop strings, matched by the front end: text before the stop, finish STOP.
   ASSERT_GE(text.size(), 12u);
@@ -228,7 +247,8 @@ TEST_F(ColocatedTest, SigtermDrainsStreamsAndRefusesNewCalls) {
       v1::GenerateResponse response;
       while (reader->Read(&response)) {
         if (results[i].tokens.empty()) started.fetch_add(1);
-        results[i].tokens.insert(results[i].tokens.end(), response.token_ids().begin(), response.token_ids().end());
+        results[i].tokens.insert(results[i].tokens.end(), response.token_ids().begin(),
+                                 response.token_ids().end());
       }
       results[i].status = reader->Finish();
     });

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/integration/http_client.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/util/poll.h"
 #include "text/chat_template.h"
 #include "text/tokenizer_loader.h"
 #include "tools/model_writer.h"
@@ -65,18 +66,15 @@ class OpenAiHttpTest : public ::testing::Test {
     return text.ok() ? MetricValue(*text, name) : -1;
   }
   // Waits until both workers hold no KV and the router has nothing in flight.
-  bool WaitIdle(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (WorkerMetric(*cluster_->decode()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
-          WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
-          WorkerMetric(*cluster_->decode()[0], "pdserve_decode_running_sequences") == 0 &&
-          RouterMetric("pdserve_requests_in_flight") == 0) {
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
+  bool WaitIdle() {
+    return PollUntil(
+        [&] {
+          return WorkerMetric(*cluster_->decode()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+                 WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_cache_usage_ratio") == 0 &&
+                 WorkerMetric(*cluster_->decode()[0], "pdserve_decode_running_sequences") == 0 &&
+                 RouterMetric("pdserve_requests_in_flight") == 0;
+        },
+        kGenerousDeadline, absl::Milliseconds(50));
   }
 
   // What the in-process engine generates greedily for `prompt`, as text.
@@ -271,11 +269,11 @@ TEST_F(OpenAiHttpTest, ConcurrentStreamsComplete) {
     EXPECT_EQ(events.back(), "[DONE]");
     EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
   }
-  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+  EXPECT_TRUE(WaitIdle());
 }
 
 TEST_F(OpenAiHttpTest, ClientThatHangsUpCancelsAndFreesKv) {
-  ASSERT_TRUE(WaitIdle(absl::Seconds(10)));
+  ASSERT_TRUE(WaitIdle());
   const double cancelled_before =
       RouterMetric("pdserve_requests_total{finish_reason=\"cancelled\"}");
   // Long generations: they are still running when the client leaves.
@@ -290,7 +288,7 @@ TEST_F(OpenAiHttpTest, ClientThatHangsUpCancelsAndFreesKv) {
                               "/v1/completions' -H 'Content-Type: application/json' -d '",
                               streamed.dump(), "' 2>/dev/null | head -c 200 > /dev/null"));
   EXPECT_EQ(curl.exit_code, 0);
-  EXPECT_TRUE(WaitIdle(absl::Seconds(10))) << "KV not freed after the clients left";
+  EXPECT_TRUE(WaitIdle()) << "KV not freed after the clients left";
   EXPECT_EQ(RouterMetric("pdserve_requests_total{finish_reason=\"cancelled\"}") - cancelled_before,
             3);
 }
@@ -300,7 +298,7 @@ TEST_F(OpenAiHttpTest, OfficialOpenAiClient) {
   const std::vector<int32_t> chat_prompt = ChatPrompt(conversation);
   const Expected completion = Generate(kPrompt, 20);
   const Expected chat = Generate(chat_prompt, 20);
-  ASSERT_TRUE(WaitIdle(absl::Seconds(10)));
+  ASSERT_TRUE(WaitIdle());
   const double cancelled_before =
       RouterMetric("pdserve_requests_total{finish_reason=\"cancelled\"}");
 
@@ -357,13 +355,13 @@ TEST_F(OpenAiHttpTest, OfficialOpenAiClient) {
   EXPECT_EQ(out["unknown_model"]["name"], "NotFoundError");
 
   EXPECT_EQ(out["aborted_after_chunks"], 3);
-  EXPECT_TRUE(WaitIdle(absl::Seconds(10))) << "KV not freed after the client aborted";
+  EXPECT_TRUE(WaitIdle()) << "KV not freed after the client aborted";
   // The router counts the request when its session sees the hang-up, which
   // may come after the workers have freed the KV: polled, bounded.
   const auto cancelled = [&] {
     return RouterMetric("pdserve_requests_total{finish_reason=\"cancelled\"}") - cancelled_before;
   };
-  for (int i = 0; i < 200 && cancelled() < 1; ++i) absl::SleepFor(absl::Milliseconds(25));
+  PollUntil([&] { return cancelled() >= 1; }, kGenerousDeadline, absl::Milliseconds(25));
   EXPECT_EQ(cancelled(), 1);
 }
 

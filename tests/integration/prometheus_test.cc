@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/local_cluster.h"
+#include "tests/util/poll.h"
 
 namespace pdserve::testing {
 namespace {
@@ -252,12 +253,14 @@ TEST_F(PrometheusTest, EveryDashboardQueryAndRecordingRuleReturnsData) {
   // The bound port, from its log: msg="Listening on" address=127.0.0.1:PORT
   int port = 0;
   const std::regex listening(R"re(msg="Listening on" address=127\.0\.0\.1:(\d+))re");
-  for (int i = 0; i < 300 && port == 0; ++i) {
-    std::smatch m;
-    const std::string text = ReadFile(log);
-    if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
-    if (port == 0) absl::SleepFor(absl::Milliseconds(50));
-  }
+  PollUntil(
+      [&] {
+        std::smatch m;
+        const std::string text = ReadFile(log);
+        if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
+        return port != 0;
+      },
+      kGenerousDeadline, absl::Milliseconds(50));
   ASSERT_NE(port, 0) << "Prometheus did not start:\n" << ReadFile(log);
 
   auto query = [&](const std::string& promql) -> nlohmann::json {
@@ -270,7 +273,7 @@ TEST_F(PrometheusTest, EveryDashboardQueryAndRecordingRuleReturnsData) {
 
   // The recording rules, as Prometheus loaded them.
   std::vector<std::string> records;
-  const absl::Time rules_deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time rules_deadline = absl::Now() + kGenerousDeadline;
   while (records.empty() && absl::Now() < rules_deadline) {
     auto body = HttpGet(port, "/api/v1/rules");
     if (body.ok()) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/cli.h"
+#include "common/base/cli.h"
 #include "text/bpe_tokenizer.h"
 #include "text/chat_template.h"
 #include "text/tokenizer_loader.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_model_runner.h"
-#include "engine/cuda/cuda_handles.h"
+#include "engine/cuda/base/cuda_handles.h"
 #include "engine/cuda/cuda_model_runner.h"
 #include "engine/cuda/cuda_peaks.h"
 #include "engine/device_peaks.h"
@@ -420,6 +420,42 @@ TEST_F(CudaRunnerTest, AStreamWaitingOnALayerEventReadsThatLayerFromTheRegion) {
     EXPECT_EQ(read[l], kv) << "layer " << l;
   }
 }
+
+#if defined(PDSERVE_GPU_EMULATION)
+// Under the emulation, the slots of a step's blocks that no step has written
+// are poisoned, also where a block held another sequence's K/V: a kernel
+// reading past a sequence's context reads NaN, not the old values.
+TEST_F(CudaRunnerTest, UnwrittenSlotsOfReusedBlocksArePoisonedUnderTheEmulation) {
+  const ModelConfig config = models::TinyGqaConfig();
+  const std::string dir = models::WriteTinyModel(config, 7, "bf16", "cuda_reuse_poison");
+  std::unique_ptr<CudaModelRunner> runner = Cuda(dir);  // blocks of 4 tokens
+  ASSERT_TRUE(runner);
+  const std::vector<int32_t> a = Tokens(10, config.vocab_size, 3),
+                             b = Tokens(3, config.vocab_size, 4);
+  const std::vector<int32_t> a_table = {5, 6, 7}, b_table = {6, 5};
+  ASSERT_TRUE(runner->Step({.seqs = {{.tokens = a, .block_table = a_table}}}).ok());
+  const size_t token_bytes = config.kv_size() * 2;
+  auto poisoned = [&](const std::vector<std::byte>& kv, int tokens, int t) {
+    for (int half = 0; half < 2; ++half) {  // K, then V
+      const std::byte* p = kv.data() + (half * tokens + t) * token_bytes;
+      for (size_t i = 0; i < token_bytes; ++i) {
+        if (p[i] != std::byte{0xff}) return false;
+      }
+    }
+    return true;
+  };
+  // Block 6 held a's tokens 4..7; b writes 3 tokens into it.
+  const uint64_t before = pdserve::gpuemu::ReusePoisonedBytes();
+  ASSERT_TRUE(runner->Step({.seqs = {{.tokens = b, .block_table = b_table}}}).ok());
+  EXPECT_GT(pdserve::gpuemu::ReusePoisonedBytes(), before);
+  for (int l = 0; l < config.num_layers; ++l) {
+    std::vector<std::byte> kv(runner->LayerKvBytes(8));
+    ASSERT_TRUE(runner->ReadLayerKv(l, b_table, 8, kv).ok());
+    for (int t = 0; t < 8; ++t)
+      EXPECT_EQ(poisoned(kv, 8, t), t >= 3) << "layer " << l << " token " << t;
+  }
+}
+#endif
 
 TEST_F(CudaRunnerTest, LayersWrittenFromHostBytesDecodeAsComputedOnes) {
   const ModelConfig config = models::TinyGqaConfig();

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 
 namespace pdserve::cuda::testing {
 

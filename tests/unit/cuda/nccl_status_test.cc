@@ -1,9 +1,9 @@
-// NCCL results as absl::Status (engine/cuda/nccl_compat.h), against the
+// NCCL results as absl::Status (engine/cuda/base/nccl_compat.h), against the
 // emulation and the real NCCL library; neither needs a GPU.
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
-#include "engine/cuda/nccl_compat.h"
+#include "engine/cuda/base/nccl_compat.h"
 
 namespace pdserve::cuda {
 namespace {

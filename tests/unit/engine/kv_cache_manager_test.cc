@@ -280,21 +280,34 @@ TEST(KvCacheManagerTest, RandomWorkloadKeepsInvariants) {
 
 TEST(KvCacheManagerTest, BlockHashesChainOverFullBlocksOnly) {
   const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9}, b = {1, 2, 3, 4, 5, 6, 7, 9};
-  const std::vector<uint64_t> ha = BlockHashes(a, 4), hb = BlockHashes(b, 4);
+  const std::vector<BlockHash> ha = ChainBlockHashes(a, 4), hb = ChainBlockHashes(b, 4);
   ASSERT_EQ(ha.size(), 2u);  // the partial third block has no hash
   ASSERT_EQ(hb.size(), 2u);
   EXPECT_EQ(ha[0], hb[0]);
   EXPECT_NE(ha[1], hb[1]);
   // Chained: the same block after a different prefix hashes differently.
   const std::vector<int32_t> c = {0, 0, 0, 0, 5, 6, 7, 8};
-  EXPECT_NE(BlockHashes(c, 4)[1], ha[1]);
+  EXPECT_NE(ChainBlockHashes(c, 4)[1], ha[1]);
   EXPECT_EQ(ha[1], ChainBlockHash(ha[0], std::span<const int32_t>(a).subspan(4, 4)));
+}
+
+// SHA-256 over the parent (16 bytes, big-endian halves) and the token ids
+// (4 bytes each, little-endian), truncated to 128 bits; the routing digest
+// is the first 64. Values from Python's hashlib.
+TEST(KvCacheManagerTest, BlockHashIsTruncatedSha256OfParentAndTokens) {
+  const std::vector<int32_t> tokens = {1, 2, 3, -1, 5, 6, 7, 8};
+  const std::vector<BlockHash> h = ChainBlockHashes(tokens, 4);
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0], (BlockHash{0xb31ff057d2334cf2ull, 0xb09939b912a11f13ull}));
+  EXPECT_EQ(h[1], (BlockHash{0xe04b1112ac05d2caull, 0xda49e6f54818443aull}));
+  EXPECT_EQ(BlockHashDigests(tokens, 4), (std::vector<uint64_t>{h[0].hi, h[1].hi}));
+  EXPECT_TRUE(ChainBlockHashes(tokens, 0).empty());
 }
 
 TEST(KvCacheManagerTest, CachedBlocksAreSharedThenEvictableThenReused) {
   KvCacheManager bm(6, 4);
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  const std::vector<uint64_t> hashes = BlockHashes(prompt, 4);  // 2 full blocks
+  const std::vector<BlockHash> hashes = ChainBlockHashes(prompt, 4);  // 2 full blocks
   ASSERT_EQ(bm.NumCachedBlocks(hashes), 0);
   ASSERT_EQ(*bm.AllocateCached(1, hashes, 10), 0);
   ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
@@ -337,7 +350,7 @@ TEST(KvCacheManagerTest, CachedBlocksAreSharedThenEvictableThenReused) {
 TEST(KvCacheManagerTest, ADuplicateHashKeepsTheFirstBlock) {
   KvCacheManager bm(8, 2);
   const std::vector<int32_t> prompt = {5, 6, 7, 8};
-  const std::vector<uint64_t> hashes = BlockHashes(prompt, 2);
+  const std::vector<BlockHash> hashes = ChainBlockHashes(prompt, 2);
   ASSERT_TRUE(bm.Allocate(1, 4).ok());
   ASSERT_TRUE(bm.Allocate(2, 4).ok());  // computed the same prompt without a hit
   ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
@@ -347,8 +360,9 @@ TEST(KvCacheManagerTest, ADuplicateHashKeepsTheFirstBlock) {
   ASSERT_EQ(*bm.AllocateCached(3, hashes, 4), 2);
   EXPECT_EQ(Table(bm, 3), Table(bm, 1));
   EXPECT_EQ(bm.CommitBlockHashes(9, hashes).code(), StatusCode::kNotFound);
-  EXPECT_EQ(bm.CommitBlockHashes(1, BlockHashes(std::vector<int32_t>{1, 2, 3, 4, 5, 6}, 2)).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      bm.CommitBlockHashes(1, ChainBlockHashes(std::vector<int32_t>{1, 2, 3, 4, 5, 6}, 2)).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(KvCacheManagerTest, DigestCarriesCachedHashesAtDigestPositions) {
@@ -356,12 +370,12 @@ TEST(KvCacheManagerTest, DigestCarriesCachedHashesAtDigestPositions) {
   // 20 one-token blocks: positions 0-3, 7, 15 are digest positions.
   std::vector<int32_t> prompt(20);
   for (int i = 0; i < 20; ++i) prompt[i] = 100 + i;
-  const std::vector<uint64_t> hashes = BlockHashes(prompt, 1);
+  const std::vector<BlockHash> hashes = ChainBlockHashes(prompt, 1);
   EXPECT_TRUE(bm.CachedHashDigest().empty());
   ASSERT_TRUE(bm.Allocate(1, 20).ok());
   ASSERT_TRUE(bm.CommitBlockHashes(1, hashes).ok());
-  const std::vector<uint64_t> want = {hashes[0], hashes[1], hashes[2],
-                                      hashes[3], hashes[7], hashes[15]};
+  std::vector<uint64_t> want;
+  for (int i : {0, 1, 2, 3, 7, 15}) want.push_back(hashes[i].digest());
   std::vector<uint64_t> digest = bm.CachedHashDigest();
   std::sort(digest.begin(), digest.end());
   std::vector<uint64_t> sorted_want = want;
@@ -373,12 +387,12 @@ TEST(KvCacheManagerTest, DigestCarriesCachedHashesAtDigestPositions) {
   EXPECT_EQ(bm.CachedHashDigest().size(), 6u);
   std::vector<int32_t> other(8, 7);
   ASSERT_TRUE(bm.Allocate(2, 8).ok());
-  ASSERT_TRUE(bm.CommitBlockHashes(2, BlockHashes(other, 1)).ok());
+  ASSERT_TRUE(bm.CommitBlockHashes(2, ChainBlockHashes(other, 1)).ok());
   bm.Free(2);
   const std::vector<uint64_t> capped = bm.CachedHashDigest(2);
   ASSERT_EQ(capped.size(), 2u);
   // Sequence 2 was freed last, first block last (Free releases in reverse).
-  EXPECT_EQ(capped[0], BlockHashes(other, 1)[0]);
+  EXPECT_EQ(capped[0], ChainBlockHashes(other, 1)[0].digest());
   // Reusing the evicted blocks drops their hashes from the digest.
   ASSERT_TRUE(bm.Allocate(3, 40).ok());
   EXPECT_TRUE(bm.CachedHashDigest().empty());
@@ -400,7 +414,7 @@ TEST(KvCacheManagerTest, RandomCachedWorkloadKeepsInvariants) {
       for (size_t i = 0; i < prompt.size(); ++i) {
         prompt[i] = i < 8 ? family : static_cast<int32_t>(rng() % 3);
       }
-      const std::vector<uint64_t> hashes = BlockHashes(prompt, 4);
+      const std::vector<BlockHash> hashes = ChainBlockHashes(prompt, 4);
       const int free_before = bm.num_free_blocks();
       const int needed = bm.FreeBlocksNeeded(hashes, static_cast<int>(prompt.size()));
       const SeqId seq = next_id++;

@@ -373,6 +373,28 @@ TEST(SchedulerTest, ChunkedPrefillSamplesOnlyAtTheEndOfThePrompt) {
   EXPECT_EQ(s.num_held(), 1);
 }
 
+TEST(SchedulerTest, AStepTokenLimitCapsTheStepsPlannedFromThenOn) {
+  const ModelConfig config = Config();
+  Scheduler s({.role = SchedulerRole::kPrefill,
+               .plan = {.max_batch_tokens = 64, .max_prefill_chunk_tokens = 16}},
+              config, 64, 8);
+  for (SeqId id = 1; id <= 4; ++id) ASSERT_TRUE(s.AddPrompt(id, Prompt(48), MaxTokens(1)).ok());
+  ScheduledStep step = s.Schedule();
+  EXPECT_EQ(step.num_tokens, 64);  // four chunks of 16
+  s.Complete(step, Sampled(step, 5));
+  s.set_step_token_limit(16);
+  step = s.Schedule();
+  EXPECT_EQ(step.num_tokens, 16);
+  s.Complete(step, Sampled(step, 5));
+  s.set_step_token_limit(1000);  // above max_batch_tokens: the option holds
+  step = s.Schedule();
+  EXPECT_EQ(step.num_tokens, 64);
+  s.Complete(step, Sampled(step, 5));
+  s.set_step_token_limit(0);
+  step = s.Schedule();
+  EXPECT_EQ(step.num_tokens, 48 * 4 - 64 - 16 - 64);
+}
+
 TEST(SchedulerTest, CancelDuringAStepIsAppliedWhenItEnds) {
   const ModelConfig config = Config();
   Scheduler s({.role = SchedulerRole::kColocated}, config, 16, 4);

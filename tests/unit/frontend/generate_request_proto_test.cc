@@ -1,8 +1,12 @@
 #include "frontend/generate_request_proto.h"
 
+#include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/request_limits.h"
 #include "frontend/sampling_wire.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::frontend {
@@ -70,7 +74,9 @@ TEST(GenerateRequestProtoTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
 
 TEST(GenerateRequestProtoTest, MalformedBytesAreInvalidArgument) {
   for (const std::string& bytes :
-       {std::string("\x0A\xFF\xFF\xFF\xFF\x0F", 6), std::string("\x12\x05" "ab", 4)}) {
+       {std::string("\x0A\xFF\xFF\xFF\xFF\x0F", 6), std::string("\x12\x05"
+                                                                "ab",
+                                                                4)}) {
     absl::StatusOr<Request> decoded = DecodeGenerateRequest(bytes);
     EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   }
@@ -181,6 +187,105 @@ TEST(SamplingWireTest, RoundTripsEveryField) {
   ASSERT_EQ(u.top.size(), 2u);
   EXPECT_EQ(u.top[1].token, 2);
   EXPECT_EQ(u.top[1].logprob, -2.0f);
+}
+
+// Every repeated field a client can send has a limit, so a new one cannot
+// be added without one.
+void ExpectEveryListLimited(const google::protobuf::Descriptor& d, int depth) {
+  ASSERT_LT(depth, 8);
+  for (int i = 0; i < d.field_count(); ++i) {
+    const google::protobuf::FieldDescriptor& f = *d.field(i);
+    if (f.is_repeated()) {
+      EXPECT_TRUE(WireLimit(f, {.max_prompt_token_ids = 4096}).has_value()) << f.full_name();
+    }
+    if (f.message_type() != nullptr && !f.is_map())
+      ExpectEveryListLimited(*f.message_type(), depth + 1);
+  }
+}
+
+TEST(GenerateRequestProtoTest, EveryRepeatedFieldOfTheRequestHasALimit) {
+  ExpectEveryListLimited(*v1::GenerateRequest::descriptor(), 0);
+}
+
+// `n` stop token ids written one tag each (not packed), as a client may.
+std::string UnpackedStopIds(int n) {
+  std::string sampling;
+  {
+    google::protobuf::io::StringOutputStream raw(&sampling);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    for (int i = 0; i < n; ++i) {
+      out.WriteTag((6 << 3) | 0);  // SamplingParams.stop_token_ids, varint
+      out.WriteVarint32(7);
+    }
+  }
+  std::string request;
+  {
+    google::protobuf::io::StringOutputStream raw(&request);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.WriteTag((2 << 3) | 2);  // GenerateRequest.text
+    out.WriteVarint32(2);
+    out.WriteRaw("hi", 2);
+    out.WriteTag((4 << 3) | 2);  // GenerateRequest.sampling
+    out.WriteVarint32(static_cast<uint32_t>(sampling.size()));
+    out.WriteRaw(sampling.data(), static_cast<int>(sampling.size()));
+  }
+  return request;
+}
+
+TEST(GenerateRequestProtoTest, ListsOverTheirLimitsAreRefusedFromTheWire) {
+  struct Case {
+    v1::GenerateRequest request;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  {
+    v1::GenerateRequest r;
+    r.set_text("x");
+    for (int i = 0; i <= kMaxStopTokenIds; ++i) r.mutable_sampling()->add_stop_token_ids(i);
+    cases.push_back({r, "sampling.stop_token_ids"});  // packed
+  }
+  {
+    v1::GenerateRequest r;
+    r.set_text("x");
+    for (int i = 0; i <= kMaxStopStrings; ++i) r.mutable_sampling()->add_stop("s");
+    cases.push_back({r, "sampling.stop"});
+  }
+  {
+    v1::GenerateRequest r;
+    for (int i = 0; i <= kMaxChatMessages; ++i) r.mutable_chat()->add_messages()->set_content("m");
+    cases.push_back({r, "chat.messages"});
+  }
+  {
+    v1::GenerateRequest r;
+    for (int i = 0; i <= kMaxChatTemplateKwargs; ++i) {
+      (*r.mutable_chat()->mutable_chat_template_kwargs())[absl::StrCat("k", i)] = true;
+    }
+    cases.push_back({r, "chat.chat_template_kwargs"});
+  }
+  {
+    v1::GenerateRequest r;
+    for (int i = 0; i <= 64; ++i) r.mutable_token_ids()->add_ids(1);
+    cases.push_back({r, "input"});
+  }
+  for (const Case& c : cases) {
+    auto decoded =
+        DecodeGenerateRequest(c.request.SerializeAsString(), {.max_prompt_token_ids = 64});
+    ASSERT_FALSE(decoded.ok()) << c.field;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ErrorField(decoded.status()), c.field) << decoded.status();
+    EXPECT_THAT(decoded.status().message(),
+                ::testing::AnyOf(::testing::HasSubstr("at most"), ::testing::HasSubstr("context")))
+        << decoded.status();
+  }
+  // Unpacked ids are counted too (here ~1.3 MB of them).
+  auto unpacked = DecodeGenerateRequest(UnpackedStopIds(500000));
+  ASSERT_FALSE(unpacked.ok());
+  EXPECT_EQ(ErrorField(unpacked.status()), "sampling.stop_token_ids");
+  EXPECT_THAT(unpacked.status().message(), ::testing::HasSubstr("holds 500000 entries"));
+  // At the limit the request decodes.
+  auto at_limit = DecodeGenerateRequest(UnpackedStopIds(kMaxStopTokenIds));
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->sampling.stop_token_ids.size(), static_cast<size_t>(kMaxStopTokenIds));
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
+#include "frontend/request_limits.h"
 #include "frontend/request_validation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -166,6 +168,61 @@ TEST(OpenAiParseTest, WrongTypesAndUnsupportedFieldsNameTheField) {
     EXPECT_EQ(ErrorField(p.status()), c.field) << c.body << ": " << p.status();
     EXPECT_THAT(p.status().message(), HasSubstr(c.field)) << c.body;
   }
+}
+
+// A list of `n` copies of `item`.
+Json ListOf(int n, const Json& item) {
+  return Json(std::vector<Json>(static_cast<size_t>(n), item));
+}
+
+TEST(OpenAiParseTest, ListsOverTheirLimitsAreRefusedNamingTheField) {
+  const Json user = {{"role", "user"}, {"content", "x"}};
+  const Json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  Json kwargs = Json::object();
+  for (int i = 0; i <= kMaxChatTemplateKwargs; ++i) kwargs[absl::StrCat("k", i)] = true;
+  struct Case {
+    Api api;
+    Json body;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {Api::kCompletions,
+       {{"prompt", "x"}, {"stop_token_ids", ListOf(kMaxStopTokenIds + 1, 1)}},
+       "stop_token_ids"},
+      {Api::kCompletions, {{"prompt", "x"}, {"stop", ListOf(kMaxStopStrings + 1, "s")}}, "stop"},
+      {Api::kChat, {{"messages", ListOf(kMaxChatMessages + 1, user)}}, "messages"},
+      {Api::kChat, {{"messages", {user}}, {"tools", ListOf(kMaxTools + 1, tool)}}, "tools"},
+      {Api::kChat,
+       {{"messages", {user}}, {"chat_template_kwargs", kwargs}},
+       "chat_template_kwargs"},
+      {Api::kChat,
+       {{"messages",
+         {{{"role", "user"},
+           {"content", ListOf(kMaxContentParts + 1, {{"type", "text"}, {"text", "a"}})}}}}},
+       "messages[0].content"},
+      {Api::kChat,
+       {{"messages",
+         {{{"role", "assistant"}, {"tool_calls", ListOf(kMaxToolCallsPerMessage + 1, tool)}}}}},
+       "messages[0].tool_calls"},
+  };
+  for (const Case& c : cases) {
+    auto p = ParseRequest(c.api, c.body.dump(), kOptions);
+    ASSERT_FALSE(p.ok()) << c.field;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(ErrorField(p.status()), c.field) << p.status();
+    EXPECT_THAT(p.status().message(), HasSubstr("at most")) << p.status();
+  }
+  // At the limits they are taken.
+  auto ok = Completion(Json({{"prompt", "x"},
+                             {"stop_token_ids", ListOf(kMaxStopTokenIds, 1)},
+                             {"stop", ListOf(kMaxStopStrings, "s")}})
+                           .dump());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->request.sampling.stop_token_ids.size(), static_cast<size_t>(kMaxStopTokenIds));
+  EXPECT_TRUE(
+      Chat(Json({{"messages", ListOf(kMaxChatMessages, user)}, {"tools", ListOf(kMaxTools, tool)}})
+               .dump())
+          .ok());
 }
 
 TEST(OpenAiParseTest, BodiesThatAreNotJsonAndOtherModels) {

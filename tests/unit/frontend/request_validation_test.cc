@@ -130,6 +130,11 @@ TEST(RequestValidationTest, RejectsBadInputNamingTheField) {
     r.mutable_sampling()->set_top_p(-0.5f);
     cases.push_back({r, "top_p"});
   }
+  {
+    v1::GenerateRequest r = Text("a", 4);
+    for (int i = 0; i <= engine::kMaxStopTokenIds; ++i) r.mutable_sampling()->add_stop_token_ids(1);
+    cases.push_back({r, "sampling.stop_token_ids must hold at most 1024 ids"});
+  }
   for (const Case& c : cases) {
     auto v = ValidateRequest(c.request, source, kNow, 1);
     ASSERT_FALSE(v.ok()) << c.field;

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "tests/unit/cuda/gpu_test_util.h"
 
 namespace pdserve::cuda {

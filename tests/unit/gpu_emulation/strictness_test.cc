@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
+#include "engine/cuda/reuse_poison.h"
 #include "tests/unit/cuda/gpu_test_util.h"
 
 namespace pdserve::cuda {
@@ -95,6 +96,17 @@ __global__ void WarpOpsKernel(float* out) {
 }
 
 __global__ void WriteKernel(float* out) { out[threadIdx.x] = 2.0f; }
+
+// ws[i] = step * 100 + i for i < n.
+__global__ void ProduceKernel(float* ws, int n, int step) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < n) ws[i] = static_cast<float>(step * 100 + i);
+}
+// out[i] = ws[i] for i < n.
+__global__ void ConsumeKernel(const float* ws, float* out, int n) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < n) out[i] = ws[i];
+}
 
 // Every thread of every block adds to shared counters (blocks run on
 // several OS threads).
@@ -275,6 +287,34 @@ TEST_F(StrictnessTest, FreshAllocationsArePoisoned) {
   EXPECT_TRUE(std::isnan(f));
   EXPECT_TRUE(std::isnan(__bfloat162float(__ushort_as_bfloat16(0xffff))));
   EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+// A workspace reused from step to step, and a planted bug: the second step
+// produces 32 values but consumes 64. Without poisoning at the step
+// boundary the consumer reads the first step's values, plausible numbers,
+// and the bug passes; PoisonForReuse (what the CUDA runner calls where it
+// reuses memory) makes the stale half NaN.
+TEST_F(StrictnessTest, ABufferPoisonedForReuseTurnsStaleReadsIntoNaN) {
+  DeviceBuffer<float> ws(64), out(64);
+  auto step = [&](int number, bool poison) {
+    if (poison) EXPECT_EQ(PoisonForReuse(ws.get(), 64 * sizeof(float), nullptr), cudaSuccess);
+    EXPECT_EQ(Launch(ProduceKernel, {1, 64}, ws.get(), number == 1 ? 64 : 32, number), cudaSuccess);
+    EXPECT_EQ(Launch(ConsumeKernel, {1, 64}, ws.get(), out.get(), 64), cudaSuccess);
+    return out.Download();
+  };
+  step(1, false);
+  const std::vector<float> stale = step(2, false);
+  EXPECT_EQ(stale[40], 140.0f);  // the first step's value: the bug goes unseen
+  step(1, true);
+  const uint64_t before = pdserve::gpuemu::ReusePoisonedBytes();
+  const std::vector<float> poisoned = step(2, true);
+  EXPECT_EQ(pdserve::gpuemu::ReusePoisonedBytes() - before, 64 * sizeof(float));
+  EXPECT_EQ(poisoned[31], 231.0f);
+  for (int i = 32; i < 64; ++i) EXPECT_TRUE(std::isnan(poisoned[i])) << i;
+  // Only ranges inside one live allocation of the right kind.
+  EXPECT_EQ(PoisonForReuse(ws.get(), 65 * sizeof(float), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(PoisonHostForReuse(ws.get(), 4), cudaErrorInvalidValue);
+  cudaGetLastError();
 }
 
 TEST_F(StrictnessTest, CopiesOutsideAllocationsAreRefused) {

@@ -16,6 +16,7 @@
 #include "kvtransfer/device/device_sender.h"
 #include "tests/integration/subprocess.h"
 #include "tests/unit/cuda/gpu_test_util.h"
+#include "tests/util/poll.h"
 
 namespace pdserve::kvtransfer::device {
 namespace {
@@ -76,7 +77,6 @@ TEST_F(PeerKillTest, ReceiverProcessKilledMidTransferFailsTheSenderAndFreesItsBl
   };
   ASSERT_TRUE(chunk(0).ok());
   absl::SleepFor(absl::Milliseconds(100));
-  const absl::Time start = absl::Now();
   peer.Kill();
   for (int layer = 1; layer < spec.num_layers; ++layer) chunk(layer).IgnoreError();
   DoneWaiter done;
@@ -87,8 +87,8 @@ TEST_F(PeerKillTest, ReceiverProcessKilledMidTransferFailsTheSenderAndFreesItsBl
   });
   auto sent = done.Wait(absl::Seconds(10));
   ASSERT_TRUE(sent.has_value()) << "the sender hung after its peer died";
+  // The cut connection ends it (a stall timeout would say DEADLINE_EXCEEDED).
   EXPECT_EQ(sent->code(), absl::StatusCode::kUnavailable) << *sent;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(kv.blocks_in_use(), 0);
 }
 
@@ -104,17 +104,13 @@ TEST_F(PeerKillTest, SenderProcessKilledMidTransferFailsTheReceiverAndFreesItsBl
   auto ready = StartPeer(peer, {"--role=sender", "--endpoint=" + (*receiver)->endpoint()});
   ASSERT_TRUE(ready.ok()) << ready.status();
   ASSERT_TRUE(sink->WaitLayers(1, absl::Seconds(10))) << "layer 0 never landed";
-  const absl::Time start = absl::Now();
   peer.Kill();
   auto result = sink->WaitResult(absl::Seconds(10));
   ASSERT_TRUE(result.has_value()) << "the receiver hung after its peer died";
+  // The cut connection ends it (a stall timeout would say DEADLINE_EXCEEDED).
   EXPECT_EQ(result->status().code(), absl::StatusCode::kUnavailable) << result->status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   kv.Free(table);  // OnComplete came: nothing writes the blocks any more
-  for (int i = 0; i < 200 && (*receiver)->live_pairs() > 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ((*receiver)->live_pairs(), 0);
+  EXPECT_TRUE(pdserve::testing::PollUntil([&] { return (*receiver)->live_pairs() == 0; }));
   EXPECT_EQ(kv.blocks_in_use(), 0);
 }
 

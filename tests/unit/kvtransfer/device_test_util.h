@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "engine/cuda/cuda_compat.h"
+#include "engine/cuda/base/cuda_compat.h"
 #include "engine/runtime/model_runner.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_blocks.h"

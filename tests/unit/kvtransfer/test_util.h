@@ -2,7 +2,8 @@
 // allocator (so block ids, block sizes and their order differ between the
 // sides, and leaks show), a sink that records what it is given, a `done`
 // callback that can be waited on, and random layer payloads. Every wait is
-// bounded (kWait) so a broken transport fails a test instead of hanging it.
+// bounded (kWait, generous: a busy machine is slow, not broken) so a broken
+// transport fails a test instead of hanging it.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +29,7 @@
 
 namespace pdserve::kvtransfer::testing {
 
-inline constexpr absl::Duration kWait = absl::Seconds(5);
+inline constexpr absl::Duration kWait = absl::Minutes(1);
 
 inline TransferSpec SmallSpec(int num_layers = 4, int num_tokens = 8) {
   TransferSpec spec;

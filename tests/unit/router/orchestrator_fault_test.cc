@@ -47,6 +47,7 @@ class FakePrefill final : public internal::v1::PrefillWorker::Service {
     if (failures_->fetch_sub(1) > 0) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted prefill failure");
     }
+    absl::SleepFor(accept_delay);
     internal::v1::PrefillEvent event;
     event.mutable_accepted();
     writer->Write(event);
@@ -56,6 +57,7 @@ class FakePrefill final : public internal::v1::PrefillWorker::Service {
   }
   absl::Mutex mu;
   std::vector<internal::v1::PrefillJob> jobs ABSL_GUARDED_BY(mu);
+  absl::Duration accept_delay = absl::ZeroDuration();  // set before the calls
 
  private:
   std::atomic<int>* const failures_;
@@ -452,6 +454,49 @@ TEST_F(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlam
   EXPECT_EQ(run.tokens, Expected(12));
   EXPECT_EQ(PrefillCalls(), 2);
   EXPECT_EQ(Series("pdserve_retries_total{pool=\"prefill\"}"), 1);
+  EXPECT_EQ(registry_.Live(Role::kPrefill, absl::Now()).size(), 2u);
+}
+
+// A prefill worker slower to accept than the stall timeout, when it is the
+// only one, is waited for: giving it up would leave nowhere to go, and
+// slowness is not failure (its liveness is judged by its heartbeats).
+TEST_F(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
+  registry_.Deregister("prefill1");
+  prefills_[0]->accept_delay = absl::Seconds(1);
+  DisaggregatedOrchestrator orchestrator(
+      &registry_, &policy_, &metrics_,
+      {.max_attempts = 1, .stall_timeout = absl::Milliseconds(300)});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_EQ(PrefillCalls(), 1);
+  EXPECT_EQ(Series("pdserve_retries_total{pool=\"prefill\"}"), 0);
+}
+
+// Likewise the only decode worker, slower to reserve than the stall timeout.
+TEST_F(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
+  registry_.Deregister("decode1");
+  decodes_[0]->reserve_delay = absl::Seconds(1);
+  DisaggregatedOrchestrator orchestrator(
+      &registry_, &policy_, &metrics_,
+      {.max_attempts = 1, .stall_timeout = absl::Milliseconds(300)});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_EQ(DecodeCalls(), 1);
+}
+
+// A prefill worker given up for being slow costs the request no attempt:
+// with one attempt allowed, it is still served by the other worker.
+TEST_F(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
+  prefill_silent_ = 1;
+  DisaggregatedOrchestrator orchestrator(
+      &registry_, &policy_, &metrics_,
+      {.max_attempts = 1, .stall_timeout = absl::Milliseconds(300)});
+  const Run run = Generate(orchestrator, 12);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, Expected(12));
+  EXPECT_EQ(PrefillCalls(), 2);
   EXPECT_EQ(registry_.Live(Role::kPrefill, absl::Now()).size(), 2u);
 }
 

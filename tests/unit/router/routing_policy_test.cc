@@ -39,7 +39,7 @@ std::vector<int32_t> WithSystemPrompt(int n, int32_t question) {
 // Marks `w` as holding `prompt`'s blocks cached, as its digest would.
 void Holds(WorkerView& w, const std::vector<int32_t>& prompt) {
   auto set = std::make_shared<PrefixHashSet>();
-  const std::vector<uint64_t> hashes = engine::BlockHashes(prompt, w.desc.kv_block_size);
+  const std::vector<uint64_t> hashes = engine::BlockHashDigests(prompt, w.desc.kv_block_size);
   for (int i = 0; i < static_cast<int>(hashes.size()); ++i) {
     if (engine::IsDigestPosition(i)) set->insert(hashes[i]);
   }

@@ -292,7 +292,7 @@ std::vector<int32_t> SharedPrefixPrompt(int n, int32_t tail) {
 // its full blocks at digest positions, exactly as engine/kvcache makes them.
 std::vector<uint64_t> DigestOf(const std::vector<int32_t>& prompt, int block_size) {
   std::vector<uint64_t> out;
-  const std::vector<uint64_t> hashes = engine::BlockHashes(prompt, block_size);
+  const std::vector<uint64_t> hashes = engine::BlockHashDigests(prompt, block_size);
   for (int i = 0; i < static_cast<int>(hashes.size()); ++i) {
     if (engine::IsDigestPosition(i)) out.push_back(hashes[i]);
   }

@@ -13,6 +13,7 @@
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 #include "prefill_worker/prefill_engine.h"
+#include "tests/util/poll.h"
 #include "tools/model_writer.h"
 
 namespace pdserve {
@@ -51,7 +52,7 @@ struct Drained {
 };
 Drained Drain(decode::DecodeStream& stream) {
   Drained d;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time deadline = absl::Now() + pdserve::testing::kGenerousDeadline;
   std::vector<decode::DecodeOutput> outs;
   while (absl::Now() < deadline) {
     outs.clear();
@@ -320,8 +321,7 @@ TEST_F(DisaggregatedEnginesTest, ModelMismatchFailsTheTransferAndFreesBothSides)
   EXPECT_FALSE(d.error.ok());
   EXPECT_NE(d.error.message().find("fingerprint"), absl::string_view::npos) << d.error;
   EXPECT_TRUE(DecodeEmpty(*decode));
-  for (int i = 0; i < 200 && Failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_GE(Failures(), 1);
+  EXPECT_TRUE(pdserve::testing::PollUntil([&] { return Failures() >= 1; }));
   EXPECT_EQ(prefill_metrics_.kv_transfer_failures.Add({{"reason", "refused"}}).Value(), Failures());
   EXPECT_TRUE(PrefillEmpty());
 }
@@ -355,8 +355,10 @@ TEST_F(DisaggregatedEnginesTest, CancelWhileWaitingOrRunningFreesBlocks) {
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE(Await(**ticket).ok());
   std::vector<decode::DecodeOutput> outs;
-  for (int i = 0; i < 400 && outs.empty(); ++i) (*running)->Next(absl::Milliseconds(10), &outs);
-  ASSERT_FALSE(outs.empty()) << "no token before cancelling";
+  ASSERT_TRUE(pdserve::testing::PollUntil([&] {
+    (*running)->Next(absl::Milliseconds(10), &outs);
+    return !outs.empty();
+  })) << "no token before cancelling";
   decode->Cancel(**running);
   EXPECT_TRUE(DecodeEmpty(*decode));
 }
@@ -573,7 +575,7 @@ TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
             static_cast<double>(prompts[0].size() + prompts[1].size() + prompts[2].size()));
   // The router's digest names the cached prefix at its digest positions.
   const std::vector<uint64_t> digest = prefill->load().cached_block_hashes;
-  const std::vector<uint64_t> hashes = engine::BlockHashes(system, 16);
+  const std::vector<uint64_t> hashes = engine::BlockHashDigests(system, 16);
   for (int b = 0; b < 3; ++b) {
     EXPECT_NE(std::find(digest.begin(), digest.end(), hashes[b]), digest.end()) << b;
   }
@@ -634,6 +636,35 @@ TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCaching, PreemptionTest, ::testing::Bool());
+
+// A prompt that waits for blocks KV sends hold starts as soon as a send is
+// done and frees them (the loop is woken by the release), never at a later
+// poll of the engine loop.
+TEST_F(DisaggregatedEnginesTest, APromptWaitingForBlocksStartsWhenASendFreesThem) {
+  auto decode = MakeDecode();
+  // 4 blocks of 16: the first prompt holds all of them until its KV is read.
+  auto small_runner = Runner(model_, 4);
+  auto prefill = MakePrefill(small_runner.get());
+  const engine::SamplingParams params{.max_tokens = 4, .ignore_eos = true};
+  const std::vector<int32_t> first(60, 21);
+  const std::vector<int32_t> second(30, 22);
+  auto first_stream = decode->Admit({.prompt = first, .sampling = params});
+  auto second_stream = decode->Admit({.prompt = second, .sampling = params});
+  ASSERT_TRUE(first_stream.ok() && second_stream.ok());
+  auto first_ticket = prefill->Submit(
+      {.prompt = first, .sampling = params, .kv_session = Session(*prefill, 60, **first_stream)});
+  auto second_ticket = prefill->Submit(
+      {.prompt = second, .sampling = params, .kv_session = Session(*prefill, 30, **second_stream)});
+  ASSERT_TRUE(first_ticket.ok() && second_ticket.ok());
+  ASSERT_TRUE(Await(**first_ticket).ok());
+  ASSERT_TRUE(Await(**second_ticket).ok());
+  EXPECT_TRUE(Drain(**first_stream).finished);
+  EXPECT_TRUE(Drain(**second_stream).finished);
+  // Every plan that found work was started by an event (an arrival, a step's
+  // end, blocks freed), none by the idle poll.
+  EXPECT_EQ(prefill->wake_stats().poll_found_work, 0u);
+  EXPECT_GE(prefill->wake_stats().event_wakeups, 1u);
+}
 
 // A runner that lets steps start only as the test allows.
 class GatedRunner final : public engine::ModelRunner {
@@ -697,7 +728,7 @@ TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
   ASSERT_TRUE(ticket.ok());
   gated.Allow(3);
   // The fourth step is planned and waits at the gate: the prompt is mid-way.
-  for (int i = 0; i < 2000 && gated.started() < 3; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(pdserve::testing::PollUntil([&] { return gated.started() >= 3; }));
   ASSERT_EQ(gated.started(), 3);
   prefill->Cancel(*ticket);
   gated.Allow(1000);
@@ -757,20 +788,19 @@ TEST_F(DisaggregatedEnginesTest, PromptBlocksAreHeldUntilTheSendIsDone) {
   EXPECT_TRUE(PrefillEmpty());
 }
 
+// The drain timeout outlasts the test: a destructor that slept through the
+// ack instead of returning on it would hold the test until ctest's timeout.
 TEST_F(DisaggregatedEnginesTest, DestructorReturnsAsSoonAsSendsAreAcknowledged) {
-  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Seconds(20)});
+  auto prefill = MakePrefill(prefill_runner_.get(), {.send_drain_timeout = absl::Minutes(30)});
   std::function<void(absl::Status)> done = PrefillIntoHeldSession(*prefill);
   ASSERT_TRUE(done);
-  // The receiver's ack arrives 200 ms into the destructor's wait.
+  // The receiver's ack arrives, most likely, during the destructor's wait.
   std::thread acker([&done] {
     absl::SleepFor(absl::Milliseconds(200));
     done(absl::OkStatus());
   });
-  const absl::Time start = absl::Now();
   prefill.reset();
-  const absl::Duration waited = absl::Now() - start;
   acker.join();
-  EXPECT_LT(waited, absl::Seconds(10)) << "the destructor slept through the ack";
   EXPECT_EQ(Failures(), 0);
 }
 

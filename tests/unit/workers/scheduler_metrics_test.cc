@@ -4,7 +4,7 @@
 // on decode workers and the colocated baseline.
 #include <string>
 
-#include "decode_worker/colocated_metrics.h"
+#include "colocated/colocated_metrics.h"
 #include "decode_worker/decode_metrics.h"
 #include "gtest/gtest.h"
 #include "prefill_worker/prefill_metrics.h"

@@ -44,7 +44,7 @@
 #include "engine/model/config.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/model_runner.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "nlohmann/json.hpp"
 #include "tools/model_writer.h"
 

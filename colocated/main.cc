@@ -17,7 +17,7 @@
 #include "common/base/logging.h"
 #include "common/service/service_process.h"
 #include "engine/runner_factory.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"

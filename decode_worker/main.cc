@@ -15,7 +15,7 @@
 #include "decode_worker/decode_service.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
 #include "kvtransfer/device/register.h"

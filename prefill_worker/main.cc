@@ -13,7 +13,7 @@
 #include "common/service/service_process.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
 #include "kvtransfer/device/register.h"

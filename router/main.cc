@@ -25,7 +25,7 @@
 #include "common/service/service_process.h"
 #include "engine/model/weight_source.h"
 #include "engine/model/weights.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"

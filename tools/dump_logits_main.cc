@@ -22,7 +22,7 @@
 #include "common/base/cli.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/generator.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory");

@@ -26,7 +26,7 @@
 #include "engine/cpu/kernels_int4.h"
 #include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 namespace pdserve::engine::cpu {
 

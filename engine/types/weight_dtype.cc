@@ -1,5 +1,5 @@
 // WeightDtype names; see weight_dtype.h.
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 #include "absl/strings/str_cat.h"
 

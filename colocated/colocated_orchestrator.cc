@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "frontend/errors.h"
+
 namespace pdserve::colocated {
 namespace {
 
@@ -60,11 +62,24 @@ class ColocatedGeneration final : public frontend::Generation {
 
 }  // namespace
 
-ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id)
-    : engine_(engine), worker_id_(std::move(worker_id)) {}
+ColocatedOrchestrator::ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id,
+                                             engine::grammar::GrammarCompiler* grammars)
+    : engine_(engine), worker_id_(std::move(worker_id)), grammars_(grammars) {}
 
 absl::StatusOr<std::unique_ptr<frontend::Generation>> ColocatedOrchestrator::Start(
     frontend::GenerationJob job) {
+  if (!job.sampling.grammar_spec.empty()) {
+    if (grammars_ == nullptr) {
+      return frontend::WithRejectReason(
+          absl::FailedPreconditionError(
+              "structured output: no tokenizer to build token masks from"),
+          "invalid_argument");
+    }
+    absl::StatusOr<std::shared_ptr<const engine::TokenConstraint>> c =
+        grammars_->Compile(job.sampling.grammar_spec);
+    if (!c.ok()) return frontend::WithRejectReason(c.status(), "invalid_argument");
+    job.sampling.constraint = *std::move(c);
+  }
   absl::StatusOr<std::shared_ptr<ColocatedStream>> stream =
       engine_->Submit(ColocatedRequest{.request_id = std::move(job.request_id),
                                        .prompt = std::move(job.prompt),

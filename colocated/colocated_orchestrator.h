@@ -10,6 +10,7 @@
 #include <string>
 
 #include "colocated/colocated_engine.h"
+#include "engine/runtime/grammar/grammar_constraint.h"
 #include "frontend/orchestrator.h"
 
 namespace pdserve::colocated {
@@ -19,7 +20,10 @@ class ColocatedOrchestrator final : public frontend::Orchestrator {
   // `engine` must outlive the orchestrator and every generation it started.
   // `worker_id` names this process in the responses' timings (prefill_worker
   // and decode_worker).
-  ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id);
+  // `grammars` (may be null: structured output is then refused) must
+  // outlive it too.
+  ColocatedOrchestrator(ColocatedEngine* engine, std::string worker_id,
+                        engine::grammar::GrammarCompiler* grammars = nullptr);
 
   // Refusals are the engine's: INVALID_ARGUMENT (larger than the whole KV
   // cache), RESOURCE_EXHAUSTED (waiting queue full), UNAVAILABLE (stopping).
@@ -28,6 +32,7 @@ class ColocatedOrchestrator final : public frontend::Orchestrator {
  private:
   ColocatedEngine* const engine_;
   const std::string worker_id_;
+  engine::grammar::GrammarCompiler* const grammars_;
 };
 
 }  // namespace pdserve::colocated

@@ -17,6 +17,7 @@
 #include "common/base/logging.h"
 #include "common/service/service_process.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/grammar/tokenizer_vocabulary.h"
 #include "engine/types/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "Tool-call format of the model's replies: auto (from the chat template), hermes "
+          "(<tool_call> JSON </tool_call>), llama3_json, none");
 ABSL_FLAG(std::string, model_name, "",
           "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
           "component of --model_dir)");
@@ -122,7 +126,12 @@ int Main() {
           .enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching),
           .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
-  colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id));
+  // Structured output needs each token's bytes: the tokenizer, once.
+  auto grammars =
+      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id),
+                                                grammars.ok() ? grammars->get() : nullptr);
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{
@@ -137,9 +146,9 @@ int Main() {
     PDSERVE_LOG(ERROR) << port.status();
     return 1;
   }
-  auto http_server = frontend::StartOpenAiHttpFromFlags(host, absl::GetFlag(FLAGS_http_port),
-                                                        absl::GetFlag(FLAGS_model_name), model_dir,
-                                                        max_in_flight, &sessions);
+  auto http_server = frontend::StartOpenAiHttpFromFlags(
+      host, absl::GetFlag(FLAGS_http_port), absl::GetFlag(FLAGS_model_name), model_dir,
+      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser));
   if (!http_server.ok()) {
     PDSERVE_LOG(ERROR) << http_server.status();
     return 1;

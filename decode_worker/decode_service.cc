@@ -16,11 +16,15 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal:
       !s.ok()) {
     return ToGrpcStatus(s);
   }
-  DecodeRequest request{
-      .request_id = job->request_id(),
-      .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
-      .generated = {job->generated_token_ids().begin(), job->generated_token_ids().end()},
-      .sampling = SamplingFromProto(job->sampling())};
+  const std::vector<int32_t> generated(job->generated_token_ids().begin(),
+                                       job->generated_token_ids().end());
+  absl::StatusOr<engine::SamplingParams> sampling =
+      SamplingForWorker(job->sampling(), generated, grammars_);
+  if (!sampling.ok()) return ToGrpcStatus(sampling.status());
+  DecodeRequest request{.request_id = job->request_id(),
+                        .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+                        .generated = generated,
+                        .sampling = *std::move(sampling)};
   // The KV wait ends with the call (its deadline is the request's budget,
   // set by the router, which acts on a stalled transfer first; a grace
   // second keeps the call's own end ahead of a KV timeout here).

@@ -6,13 +6,17 @@
 #include <atomic>
 
 #include "decode_worker/decode_engine.h"
+#include "engine/runtime/grammar/grammar_constraint.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 
 namespace pdserve::decode {
 
 class DecodeService final : public internal::v1::DecodeWorker::Service {
  public:
-  explicit DecodeService(DecodeEngine* engine) : engine_(engine) {}
+  // `engine` and `grammars` must outlive the service; without `grammars`
+  // (no tokenizer) structured output is refused.
+  explicit DecodeService(DecodeEngine* engine, engine::grammar::GrammarCompiler* grammars = nullptr)
+      : engine_(engine), grammars_(grammars) {}
 
   grpc::Status Decode(grpc::ServerContext* context, const internal::v1::DecodeJob* job,
                       grpc::ServerWriter<internal::v1::DecodeEvent>* writer) override;
@@ -23,6 +27,7 @@ class DecodeService final : public internal::v1::DecodeWorker::Service {
 
  private:
   DecodeEngine* const engine_;
+  engine::grammar::GrammarCompiler* const grammars_;
   std::atomic<bool> draining_{false};
 };
 

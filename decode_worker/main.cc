@@ -15,6 +15,7 @@
 #include "decode_worker/decode_service.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/grammar/tokenizer_vocabulary.h"
 #include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
@@ -131,7 +132,11 @@ int Main() {
   // Destroyed before the receiver and the runner it uses.
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics);
-  decode::DecodeService service(engine.get());
+  // Structured output needs each token's bytes: the tokenizer, once.
+  auto grammars =
+      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  decode::DecodeService service(engine.get(), grammars.ok() ? grammars->get() : nullptr);
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

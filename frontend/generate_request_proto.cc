@@ -7,6 +7,7 @@
 #include "frontend/errors.h"
 #include "frontend/request_limits.h"
 #include "frontend/sampling_wire.h"
+#include "frontend/structured_output.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -144,7 +145,7 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
     case v1::GenerateRequest::INPUT_NOT_SET:
       break;
   }
-  out.add_bos = in.add_bos();
+  if (in.has_add_bos()) out.add_bos = in.add_bos();
   out.priority = in.priority();
 
   const v1::SamplingParams& s = in.sampling();
@@ -165,6 +166,10 @@ absl::StatusOr<Request> RequestFromProto(const v1::GenerateRequest& in) {
     return FieldError("sampling.logprobs", absl::StrCat(" must be in [0, 20], got ", s.logprobs()));
   }
   if (s.has_seed()) out.seed = s.seed();
+  absl::StatusOr<std::string> spec =
+      ProtoResponseFormatSpec(s.response_format(), "sampling.response_format");
+  if (!spec.ok()) return spec.status();
+  p.grammar_spec = *std::move(spec);
   out.stop.assign(s.stop().begin(), s.stop().end());
   return out;
 }

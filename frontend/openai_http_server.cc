@@ -29,14 +29,21 @@ std::string Event(const std::string& payload) { return absl::StrCat("data: ", pa
 
 }  // namespace
 
-OpenAiHttpServer::OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions)
+OpenAiHttpServer::OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions,
+                                   ToolCallFormat tool_format)
     : options_(std::move(options)),
       sessions_(sessions),
+      tool_format_(tool_format),
       created_(absl::ToUnixSeconds(absl::Now())) {}
 
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
     OpenAiHttpOptions options, SessionManager* sessions) {
-  std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer(std::move(options), sessions));
+  const PromptSource& source = sessions->prompt_source();
+  absl::StatusOr<ToolCallFormat> tool_format = ToolCallFormatFor(
+      options.tool_call_parser, source.chat_template ? source.chat_template->source : "");
+  if (!tool_format.ok()) return tool_format.status();
+  std::unique_ptr<OpenAiHttpServer> s(
+      new OpenAiHttpServer(std::move(options), sessions, *tool_format));
   OpenAiHttpServer* self = s.get();
   const OpenAiHttpOptions& o = s->options_;
   // Errors the server answers on its own, while reading a request.
@@ -107,9 +114,11 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
   const Api api = chat ? Api::kChat : Api::kCompletions;
   const CallInfo call{.arrival = absl::Now()};
   const PromptSource& source = sessions_->prompt_source();
-  absl::StatusOr<openai::ParsedRequest> parsed = openai::ParseRequest(
-      api, req.body,
-      {.model_name = options_.model_name, .add_bos = source.tokenizer->add_bos_token()});
+  absl::StatusOr<openai::ParsedRequest> parsed =
+      openai::ParseRequest(api, req.body,
+                           {.model_name = options_.model_name,
+                            .add_bos = source.tokenizer->add_bos_token(),
+                            .tool_format = tool_format_});
   if (!parsed.ok()) {
     SendError(out, sessions_->Refuse(parsed.status(), "invalid_argument"));
     return;
@@ -124,7 +133,7 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
   std::unique_ptr<RequestSession> session = *std::move(started);
   openai::ResponseFormatter formatter(api, id, absl::ToUnixSeconds(call.arrival),
                                       options_.model_name, *source.tokenizer, parsed->include_usage,
-                                      parsed->request.sampling.logprobs >= 0);
+                                      parsed->request.sampling.logprobs >= 0, parsed->tool_format);
   const absl::Duration poll = options_.poll;
   auto gone = [&] { return stopping() || out.ClientGone(); };
 
@@ -206,14 +215,15 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
 
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
-    int max_in_flight, SessionManager* sessions) {
+    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser) {
   if (port < 0) return nullptr;
   return OpenAiHttpServer::Start(
       {.host = host,
        .port = port,
        .model_name = model_name.empty() ? ModelNameOf(model_dir) : model_name,
        .max_threads = std::max(max_in_flight, 0) + 64,
-       .max_connections = std::max(max_in_flight, 0) + 1024},
+       .max_connections = std::max(max_in_flight, 0) + 1024,
+       .tool_call_parser = tool_call_parser},
       sessions);
 }
 

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "frontend/request_session.h"
+#include "frontend/tool_calls.h"
 
 namespace pdserve::http {
 class Server;
@@ -56,6 +57,9 @@ struct OpenAiHttpOptions {
   int64_t max_body_bytes = int64_t{64} << 20;
   // How often a waiting request checks that its client is still there.
   absl::Duration poll = absl::Milliseconds(20);
+  // The model's tool-call format: "auto" (from the chat template), "hermes",
+  // "llama3_json" or "none" (frontend/tool_calls.h).
+  std::string tool_call_parser = "auto";
 };
 
 class OpenAiHttpServer {
@@ -70,13 +74,14 @@ class OpenAiHttpServer {
   int port() const;
 
  private:
-  OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions);
+  OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions, ToolCallFormat tool_format);
   void Handle(const http::Request& req, http::ResponseWriter& out);
   void Generate(bool chat, const http::Request& req, http::ResponseWriter& out);
   bool stopping() const { return stopping_.load(); }
 
   const OpenAiHttpOptions options_;
   SessionManager* const sessions_;
+  const ToolCallFormat tool_format_;
   const int64_t created_;  // unix seconds, the models list's `created`
   std::atomic<bool> stopping_{false};
   std::unique_ptr<http::Server> server_;  // last: its handlers use the above
@@ -89,6 +94,6 @@ class OpenAiHttpServer {
 // max_in_flight + 1024 connections).
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
-    int max_in_flight, SessionManager* sessions);
+    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser = "auto");
 
 }  // namespace pdserve::frontend

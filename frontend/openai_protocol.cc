@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "frontend/errors.h"
 #include "frontend/request_limits.h"
+#include "frontend/structured_output.h"
 #include "nlohmann/json.hpp"
 #include "text/utf8.h"
 
@@ -277,6 +278,11 @@ absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
     }
     out->include_usage = out->stream && include_usage;
   }
+  if (const Json* format = Find(obj, "response_format")) {
+    absl::StatusOr<std::string> spec = OpenAiResponseFormatSpec(*format);
+    if (!spec.ok()) return spec.status();
+    r.sampling.grammar_spec = *std::move(spec);
+  }
   int n = 1;
   PDSERVE_RETURN_IF_ERROR(ReadInt(obj, "n", &n));
   if (n != 1) return Unsupported("n", "only 1 choice per request is supported");
@@ -365,7 +371,20 @@ absl::Status ReadMessages(const Json& obj, Request* r) {
       if (!calls->is_array()) return TypeError(field + ".tool_calls", "a list");
       PDSERVE_RETURN_IF_ERROR(
           CheckCount(*calls, field + ".tool_calls", kMaxToolCallsPerMessage, "tool calls"));
-      absl::StatusOr<text::jinja::Value> v = ToJinja(*calls, field + ".tool_calls", 0);
+      // Templates print a call's arguments as an object (Hugging Face's
+      // convention); OpenAI sends them as JSON text.
+      Json with_objects = *calls;
+      for (Json& call : with_objects) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+          continue;
+        }
+        Json& fn = call["function"];
+        if (auto a = fn.find("arguments"); a != fn.end() && a->is_string()) {
+          Json parsed = Json::parse(a->get<std::string>(), nullptr, false);
+          if (parsed.is_object()) *a = std::move(parsed);
+        }
+      }
+      absl::StatusOr<text::jinja::Value> v = ToJinja(with_objects, field + ".tool_calls", 0);
       if (!v.ok()) return v.status();
       message.extra.emplace_back("tool_calls", *std::move(v));
     }
@@ -417,9 +436,24 @@ absl::Status ReadCompletion(const Json& obj, const ParseOptions& options, Parsed
   return absl::OkStatus();
 }
 
-absl::Status ReadChat(const Json& obj, ParsedRequest* out) {
+absl::Status ReadChat(const Json& obj, const ParseOptions& options, ParsedRequest* out) {
   Request& r = out->request;
   PDSERVE_RETURN_IF_ERROR(ReadMessages(obj, &r));
+  absl::StatusOr<ToolsRequest> tools = ReadTools(obj);
+  if (!tools.ok()) return tools.status();
+  out->tools = *std::move(tools);
+  if (out->tools.parse()) out->tool_format = options.tool_format;
+  absl::StatusOr<std::string> tool_grammar = ToolCallGrammarSpec(out->tools, options.tool_format);
+  if (!tool_grammar.ok()) return tool_grammar.status();
+  if (!tool_grammar->empty()) {
+    if (!r.sampling.grammar_spec.empty()) {
+      return Unsupported("tool_choice",
+                         "a required tool call cannot be combined with a "
+                         "response_format");
+    }
+    r.sampling.grammar_spec = *std::move(tool_grammar);
+    r.names.response_format = "tools";  // what a schema refusal names
+  }
   // Unset: up to the end of the context.
   r.sampling.max_tokens = 0;
   r.max_tokens_to_context = true;
@@ -439,12 +473,6 @@ absl::Status ReadChat(const Json& obj, ParsedRequest* out) {
     return Unsupported("top_logprobs", "needs \"logprobs\": true");
   }
   if (logprobs) r.sampling.logprobs = static_cast<int>(top.value_or(0));
-  if (const Json* format = Find(obj, "response_format")) {
-    if (!format->is_object()) return TypeError("response_format", "an object");
-    std::string type = "text";
-    PDSERVE_RETURN_IF_ERROR(ReadString(*format, "type", &type));
-    if (type != "text") return Unsupported("response_format", "only {\"type\": \"text\"}");
-  }
   return absl::OkStatus();
 }
 
@@ -460,6 +488,7 @@ FieldNames OpenAiNames(Api api) {
   names.template_variables = "tools";
   names.max_tokens = "max_tokens";
   names.stop = "stop";
+  names.response_format = "response_format";
   names.request_id = "request_id";
   names.user = "user";
   names.sampling_prefix = "";
@@ -519,7 +548,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body,
   }
   PDSERVE_RETURN_IF_ERROR(ReadCommon(doc, &out));
   if (api == Api::kChat) {
-    PDSERVE_RETURN_IF_ERROR(ReadChat(doc, &out));
+    PDSERVE_RETURN_IF_ERROR(ReadChat(doc, options, &out));
   } else {
     PDSERVE_RETURN_IF_ERROR(ReadCompletion(doc, options, &out));
   }
@@ -594,14 +623,16 @@ std::string NewResponseId(Api api) {
 
 ResponseFormatter::ResponseFormatter(Api api, std::string id, int64_t created, std::string model,
                                      const text::Tokenizer& tokenizer, bool include_usage,
-                                     bool logprobs)
+                                     bool logprobs, ToolCallFormat tool_format)
     : api_(api),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
       tokenizer_(tokenizer),
       include_usage_(include_usage),
-      logprobs_(logprobs) {}
+      logprobs_(logprobs),
+      tool_format_(api == Api::kChat ? tool_format : ToolCallFormat::kNone),
+      tool_parser_(tool_format_) {}
 
 namespace {
 
@@ -671,25 +702,10 @@ std::vector<std::string> ResponseFormatter::Chunks(const Delta& delta) {
                {"logprobs", nullptr},
                {"finish_reason", nullptr}});
   }
-  const bool has_logprobs = logprobs_ && !delta.logprobs.empty();
-  if (!delta.text.empty() || has_logprobs || delta.finished) {
-    Json choice = {{"index", 0}};
-    if (chat) {
-      choice["delta"] =
-          delta.text.empty() && delta.finished ? Json::object() : Json{{"content", delta.text}};
-    } else {
-      choice["text"] = delta.text;
-    }
-    if (has_logprobs) {
-      choice["logprobs"] =
-          chat ? ChatLogprobs(tokenizer_, delta.token_ids, delta.logprobs)
-               : CompletionLogprobs(tokenizer_, delta.token_ids, delta.logprobs, &text_offset_);
-    } else {
-      choice["logprobs"] = nullptr;
-    }
-    choice["finish_reason"] =
-        delta.finished ? Json(FinishReasonName(delta.finish_reason)) : Json(nullptr);
-    chunk(std::move(choice));
+  if (tool_format_ != ToolCallFormat::kNone) {
+    ToolChunks(delta, chunk);
+  } else {
+    PlainChunks(delta, chunk);
   }
   if (delta.finished && include_usage_) {
     out.push_back(Dump(Json{{"id", id_},
@@ -700,6 +716,78 @@ std::vector<std::string> ResponseFormatter::Chunks(const Delta& delta) {
                             {"usage", Usage(delta.prompt_tokens, delta.completion_tokens)}}));
   }
   return out;
+}
+
+std::string ResponseFormatter::FinishReason(const Delta& delta) const {
+  const std::string reason = FinishReasonName(delta.finish_reason);
+  return reason == "stop" && tool_parser_.calls() > 0 ? "tool_calls" : reason;
+}
+
+Json ResponseFormatter::LogprobsOf(const Delta& delta) {
+  if (!logprobs_ || delta.logprobs.empty()) return nullptr;
+  return api_ == Api::kChat
+             ? ChatLogprobs(tokenizer_, delta.token_ids, delta.logprobs)
+             : CompletionLogprobs(tokenizer_, delta.token_ids, delta.logprobs, &text_offset_);
+}
+
+void ResponseFormatter::ToolChunks(const Delta& delta, const std::function<void(Json)>& chunk) {
+  std::vector<ToolCallParser::Piece> pieces = tool_parser_.Feed(delta.text);
+  if (delta.finished) {
+    for (ToolCallParser::Piece& p : tool_parser_.Finish()) pieces.push_back(std::move(p));
+  }
+  Json logprobs = LogprobsOf(delta);
+  // Consecutive pieces of one kind go out in one chunk.
+  for (size_t i = 0; i < pieces.size();) {
+    Json d = Json::object();
+    if (pieces[i].index < 0) {
+      std::string text;
+      for (; i < pieces.size() && pieces[i].index < 0; ++i) text += pieces[i].content;
+      d["content"] = std::move(text);
+    } else {
+      Json calls = Json::array();
+      for (; i < pieces.size() && pieces[i].index >= 0; ++i) {
+        const ToolCallParser::Piece& p = pieces[i];
+        Json call = {{"index", p.index}};
+        if (!p.id.empty()) {
+          call["id"] = p.id;
+          call["type"] = "function";
+          call["function"] = {{"name", p.name}, {"arguments", p.arguments}};
+        } else {
+          call["function"] = {{"arguments", p.arguments}};
+        }
+        calls.push_back(std::move(call));
+      }
+      d["tool_calls"] = std::move(calls);
+    }
+    chunk(Json{{"index", 0},
+               {"delta", std::move(d)},
+               {"logprobs", std::exchange(logprobs, nullptr)},
+               {"finish_reason", nullptr}});
+  }
+  if (!logprobs.is_null() || delta.finished) {
+    chunk(Json{{"index", 0},
+               {"delta", Json::object()},
+               {"logprobs", std::move(logprobs)},
+               {"finish_reason", delta.finished ? Json(FinishReason(delta)) : Json(nullptr)}});
+  }
+}
+
+void ResponseFormatter::PlainChunks(const Delta& delta, const std::function<void(Json)>& chunk) {
+  const bool chat = api_ == Api::kChat;
+  const bool has_logprobs = logprobs_ && !delta.logprobs.empty();
+  if (!delta.text.empty() || has_logprobs || delta.finished) {
+    Json choice = {{"index", 0}};
+    if (chat) {
+      choice["delta"] =
+          delta.text.empty() && delta.finished ? Json::object() : Json{{"content", delta.text}};
+    } else {
+      choice["text"] = delta.text;
+    }
+    choice["logprobs"] = LogprobsOf(delta);
+    choice["finish_reason"] =
+        delta.finished ? Json(FinishReasonName(delta.finish_reason)) : Json(nullptr);
+    chunk(std::move(choice));
+  }
 }
 
 void ResponseFormatter::Add(const Delta& delta) {
@@ -716,7 +804,26 @@ void ResponseFormatter::Add(const Delta& delta) {
 std::string ResponseFormatter::Body() const {
   const bool chat = api_ == Api::kChat;
   Json choice = {{"index", 0}};
-  if (chat) {
+  std::string finish_reason = finish_reason_;
+  if (chat && tool_format_ != ToolCallFormat::kNone) {
+    ParsedToolOutput parsed = ParseToolOutput(tool_format_, text_);
+    Json message = {
+        {"role", "assistant"},
+        {"content",
+         parsed.content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(parsed.content)}};
+    if (!parsed.calls.empty()) {
+      Json calls = Json::array();
+      for (ToolCall& c : parsed.calls) {
+        calls.push_back(
+            {{"id", std::move(c.id)},
+             {"type", "function"},
+             {"function", {{"name", std::move(c.name)}, {"arguments", std::move(c.arguments)}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+      if (finish_reason == "stop") finish_reason = "tool_calls";
+    }
+    choice["message"] = std::move(message);
+  } else if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;
@@ -728,7 +835,7 @@ std::string ResponseFormatter::Body() const {
   } else {
     choice["logprobs"] = nullptr;
   }
-  choice["finish_reason"] = finish_reason_.empty() ? Json(nullptr) : Json(finish_reason_);
+  choice["finish_reason"] = finish_reason.empty() ? Json(nullptr) : Json(finish_reason);
   return Dump(Json{{"id", id_},
                    {"object", chat ? "chat.completion" : "text_completion"},
                    {"created", created_},

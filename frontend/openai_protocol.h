@@ -11,13 +11,16 @@
 // stop, presence_penalty, frequency_penalty, repetition_penalty, min_tokens,
 // ignore_eos, stop_token_ids, logprobs and top_logprobs, stream,
 // stream_options.include_usage, user, chat_template_kwargs (booleans), n
-// (1 only). An unknown field is ignored; a field of the wrong type is
-// INVALID_ARGUMENT naming it; a known field asking for something pdserve does
-// not do (n > 1, echo, suffix, logit_bias, best_of > 1, a response_format
-// other than text) is INVALID_ARGUMENT naming it.
+// (1 only), response_format (text, json_object, json_schema: see
+// frontend/structured_output.h), tools / tool_choice / parallel_tool_calls
+// (frontend/tool_calls.h). An unknown field is ignored; a field of the
+// wrong type is INVALID_ARGUMENT naming it; a known field asking for
+// something pdserve does not do (n > 1, echo, suffix, logit_bias,
+// best_of > 1) is INVALID_ARGUMENT naming it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "frontend/request.h"
 #include "frontend/request_session.h"
+#include "frontend/tool_calls.h"
 #include "text/tokenizer.h"
 
 namespace pdserve::frontend::openai {
@@ -39,6 +43,10 @@ struct ParseOptions {
   // Completions: prepend BOS to a text prompt (the tokenizer files ask for
   // it, as Hugging Face tokenizers add it by default).
   bool add_bos = false;
+  // The served model's tool-call format (frontend/tool_calls.h): chat
+  // replies are parsed for calls in it, and tool_choice "required" or a
+  // named function is enforced with its grammar.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
 };
 
 struct ParsedRequest {
@@ -46,6 +54,10 @@ struct ParsedRequest {
   Request request;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  ToolsRequest tools;
+  // The format the reply is parsed in: kNone without tools or with
+  // tool_choice "none".
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
 };
 
 // Parses a request body. Errors: INVALID_ARGUMENT naming the field (also for
@@ -68,8 +80,11 @@ class ResponseFormatter {
  public:
   // `tokenizer` must outlive the formatter; it spells logprob tokens.
   // `logprobs`: the request asked for them.
+  // `tool_format`: chat replies are split into content and tool_calls
+  // (finish_reason "tool_calls" when there are calls); kNone: plain content.
   ResponseFormatter(Api api, std::string id, int64_t created, std::string model,
-                    const text::Tokenizer& tokenizer, bool include_usage, bool logprobs);
+                    const text::Tokenizer& tokenizer, bool include_usage, bool logprobs,
+                    ToolCallFormat tool_format = ToolCallFormat::kNone);
 
   // Streaming: the JSON payloads of the server-sent events for `delta`, in
   // order (each goes out as "data: <payload>\n\n"; the caller ends the stream
@@ -81,6 +96,14 @@ class ResponseFormatter {
   std::string Body() const;
 
  private:
+  using Json = nlohmann::ordered_json;
+  // Chunks of a chat delta split into content and tool calls, or as is.
+  void ToolChunks(const Delta& delta, const std::function<void(Json)>& chunk);
+  void PlainChunks(const Delta& delta, const std::function<void(Json)>& chunk);
+  // "tool_calls" where a stopped reply made calls.
+  std::string FinishReason(const Delta& delta) const;
+  Json LogprobsOf(const Delta& delta);
+
   const Api api_;
   const std::string id_;
   const int64_t created_;
@@ -88,8 +111,10 @@ class ResponseFormatter {
   const text::Tokenizer& tokenizer_;
   const bool include_usage_;
   const bool logprobs_;
-  bool sent_role_ = false;   // chat streams open with the assistant role
-  int64_t text_offset_ = 0;  // completions logprobs: bytes of token text so far
+  const ToolCallFormat tool_format_;
+  ToolCallParser tool_parser_;  // streaming, with tool_format_
+  bool sent_role_ = false;      // chat streams open with the assistant role
+  int64_t text_offset_ = 0;     // completions logprobs: bytes of token text so far
   // Not streaming: what the deltas added up to.
   std::string text_;
   std::vector<int32_t> tokens_;

@@ -30,6 +30,7 @@ struct FieldNames {
   std::string template_variables = "tools";
   std::string max_tokens = "sampling.max_tokens";
   std::string stop = "sampling.stop";
+  std::string response_format = "sampling.response_format";
   std::string request_id = "request_id";
   std::string user = "user";
   // Prefix of the sampling fields the engine's checks name
@@ -58,8 +59,11 @@ struct Request {
   std::string text;                // kText
   std::vector<int32_t> token_ids;  // kTokenIds
   ChatInput chat;                  // kChat
-  // Prepend the tokenizer's BOS to a text prompt (chat templates print their own).
-  bool add_bos = false;
+  // Prepend a BOS to a text prompt (chat templates print their own):
+  // unset, where the tokenizer's own settings add one
+  // (text::Tokenizer::add_bos_token); true, the tokenizer's BOS else
+  // config.json's; false, never.
+  std::optional<bool> add_bos;
   // Sampling as the engine takes it; `seed` is resolved by validation (the
   // request's own `seed` below, else one drawn by the front end).
   engine::SamplingParams sampling;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontend/errors.h"
 #include "frontend/request_limits.h"
+#include "frontend/structured_output.h"
 #include "text/utf8.h"
 
 namespace pdserve::frontend {
@@ -127,8 +128,13 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const Request& request, const P
       if (request.text.empty()) return FieldError(names.text, " is empty");
       if (absl::Status s = CheckTextSize(request.text.size(), names.text, limit); !s.ok()) return s;
       if (absl::Status s = CheckUtf8(request.text, names.text); !s.ok()) return s;
-      const int bos = source.tokenizer->bos_token_id().value_or(config.bos_token_id);
-      if (request.add_bos && bos >= 0) prompt.push_back(bos);
+      // Unset: as the tokenizer's files say (Hugging Face's encode), so
+      // gRPC and HTTP agree; explicit true may fall back to config.json's.
+      const bool add_bos = request.add_bos.value_or(source.tokenizer->add_bos_token());
+      const int bos = request.add_bos.has_value()
+                          ? source.tokenizer->bos_token_id().value_or(config.bos_token_id)
+                          : source.tokenizer->bos_token_id().value_or(-1);
+      if (add_bos && bos >= 0) prompt.push_back(bos);
       for (int32_t t : source.tokenizer->Encode(request.text)) prompt.push_back(t);
       return prompt;
     }
@@ -224,6 +230,7 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const Request& request, const P
     }
     return WithField(absl::InvalidArgumentError(message), message.substr(0, message.find(' ')));
   }
+  if (absl::Status s = ValidateStructuredOutput(p, names); !s.ok()) return s;
   return out;
 }
 

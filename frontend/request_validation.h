@@ -38,8 +38,9 @@ struct ValidatedRequest {
 
 // Prompt tokens of the request's input:
 //   text       tokenized as given (special tokens written in it are parsed,
-//              as Hugging Face tokenizers do); BOS first when add_bos is set
-//              and the model has one (the tokenizer's, else config.json's)
+//              as Hugging Face tokenizers do); BOS first where the tokenizer
+//              adds one (add_bos unset), or as add_bos says (true: the
+//              tokenizer's BOS, else config.json's)
 //   token_ids  as given, each checked against the vocabulary
 //   chat       rendered through the chat template with the generation prompt
 //              (templates print their own BOS: none is added), then tokenized;

@@ -1,6 +1,7 @@
 #include "frontend/sampling_wire.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,6 +22,27 @@ engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& s) 
   p.frequency_penalty = s.frequency_penalty();
   p.min_tokens = s.min_tokens();
   p.logprobs = s.logprobs();
+  p.grammar_spec = s.grammar();
+  return p;
+}
+
+absl::StatusOr<engine::SamplingParams> SamplingForWorker(
+    const internal::v1::WorkerSampling& sampling, std::span<const int32_t> generated,
+    engine::grammar::GrammarCompiler* grammars) {
+  engine::SamplingParams p = SamplingFromProto(sampling);
+  if (p.grammar_spec.empty()) return p;
+  if (grammars == nullptr) {
+    return absl::FailedPreconditionError(
+        "structured output: this worker has no tokenizer to build token masks from");
+  }
+  absl::StatusOr<std::shared_ptr<const engine::TokenConstraint>> c =
+      grammars->Compile(p.grammar_spec);
+  if (!c.ok()) return c.status();
+  p.constraint = *std::move(c);
+  std::vector<uint32_t> mask(engine::TokenMaskWords(grammars->vocab().size()));
+  p.constraint->FillMask(generated,
+                         std::max<int>(p.max_tokens - static_cast<int>(generated.size()), 1),
+                         grammars->vocab().eos_ids(), mask);
   return p;
 }
 
@@ -39,6 +61,7 @@ internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& p) {
   s.set_frequency_penalty(p.frequency_penalty);
   s.set_min_tokens(p.min_tokens);
   s.set_logprobs(p.logprobs);
+  s.set_grammar(p.grammar_spec);
   return s;
 }
 

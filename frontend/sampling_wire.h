@@ -6,6 +6,8 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/runtime/grammar/grammar_constraint.h"
 #include "engine/types/finish_reason.h"
 #include "engine/types/sampling_params.h"
 #include "pdserve/internal/v1/worker.pb.h"
@@ -14,6 +16,16 @@
 namespace pdserve {
 
 engine::SamplingParams SamplingFromProto(const internal::v1::WorkerSampling& sampling);
+// On the worker that samples: SamplingFromProto, with the request's grammar
+// (if any) compiled by `grammars` into the constraint the sampler applies,
+// and its first mask (after `generated`) computed here, on the caller's
+// thread, rather than in the engine's step.
+// INVALID_ARGUMENT for a grammar that does not compile; FAILED_PRECONDITION
+// when the request has one and `grammars` is null (the worker could not
+// load its tokenizer).
+absl::StatusOr<engine::SamplingParams> SamplingForWorker(
+    const internal::v1::WorkerSampling& sampling, std::span<const int32_t> generated,
+    engine::grammar::GrammarCompiler* grammars);
 internal::v1::WorkerSampling SamplingToProto(const engine::SamplingParams& params);
 // `token` is the sampled token id; the message carries only its logprobs.
 internal::v1::SampledLogprobs LogprobsToProto(const engine::SampledToken& token);

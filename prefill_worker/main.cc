@@ -13,6 +13,7 @@
 #include "common/service/service_process.h"
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/grammar/tokenizer_vocabulary.h"
 #include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
@@ -132,7 +133,12 @@ int Main() {
       .peak_flops = peak.value};
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
-  prefill::PrefillService service(engine.get(), sender->get());
+  // Structured output needs each token's bytes: the tokenizer, once.
+  auto grammars =
+      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  prefill::PrefillService service(engine.get(), sender->get(),
+                                  grammars.ok() ? grammars->get() : nullptr);
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

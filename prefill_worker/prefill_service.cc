@@ -26,11 +26,15 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   }
   const kvtransfer::TransferSpec spec =
       engine_->SpecFor(job->prompt_token_ids_size() + job->generated_token_ids_size());
-  PrefillRequest request{
-      .request_id = job->request_id(),
-      .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
-      .generated = {job->generated_token_ids().begin(), job->generated_token_ids().end()},
-      .sampling = SamplingFromProto(job->sampling())};
+  const std::vector<int32_t> generated(job->generated_token_ids().begin(),
+                                       job->generated_token_ids().end());
+  absl::StatusOr<engine::SamplingParams> sampling =
+      SamplingForWorker(job->sampling(), generated, grammars_);
+  if (!sampling.ok()) return ToGrpcStatus(sampling.status());
+  PrefillRequest request{.request_id = job->request_id(),
+                         .prompt = {job->prompt_token_ids().begin(), job->prompt_token_ids().end()},
+                         .generated = generated,
+                         .sampling = *std::move(sampling)};
   auto ticket = engine_->Submit(std::move(request));
   if (!ticket.ok()) return ToGrpcStatus(ticket.status());
 

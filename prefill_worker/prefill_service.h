@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "engine/runtime/grammar/grammar_constraint.h"
 #include "kvtransfer/transport.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "prefill_worker/prefill_engine.h"
@@ -15,9 +16,11 @@ namespace pdserve::prefill {
 
 class PrefillService final : public internal::v1::PrefillWorker::Service {
  public:
-  // `engine` and `sender` must outlive the service.
-  PrefillService(PrefillEngine* engine, kvtransfer::KvSender* sender)
-      : engine_(engine), sender_(sender) {}
+  // `engine`, `sender` and `grammars` must outlive the service; without
+  // `grammars` (no tokenizer) structured output is refused.
+  PrefillService(PrefillEngine* engine, kvtransfer::KvSender* sender,
+                 engine::grammar::GrammarCompiler* grammars = nullptr)
+      : engine_(engine), sender_(sender), grammars_(grammars) {}
 
   grpc::Status Prefill(grpc::ServerContext* context, const internal::v1::PrefillJob* job,
                        grpc::ServerWriter<internal::v1::PrefillEvent>* writer) override;
@@ -28,6 +31,7 @@ class PrefillService final : public internal::v1::PrefillWorker::Service {
  private:
   PrefillEngine* const engine_;
   kvtransfer::KvSender* const sender_;
+  engine::grammar::GrammarCompiler* const grammars_;
   std::atomic<bool> draining_{false};
 };
 

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -33,12 +35,31 @@ ABSL_FLAG(double, temperature, 0.0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "0: off");
 ABSL_FLAG(double, top_p, 1.0, "1: off");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed (-1: let the router choose)");
-ABSL_FLAG(bool, add_bos, true, "Prepend the model's BOS token to a text prompt");
+ABSL_FLAG(bool, add_bos, false,
+          "Prepend the model's BOS token to a text prompt (true) or never (false); not given: "
+          "as the model's tokenizer files say, the same as the OpenAI API");
 ABSL_FLAG(bool, ignore_eos, false, "Do not stop at end-of-sequence");
 ABSL_FLAG(int, timeout_ms, 60000, "Deadline of the call");
 ABSL_FLAG(bool, print_ids, false, "Print token ids instead of text");
 
+// Whether --add_bos / --noadd_bos is on the command line (the flag library
+// does not say whether a flag was given).
+bool AddBosGiven(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") break;
+    for (absl::string_view name : {"add_bos", "noadd_bos"}) {
+      for (absl::string_view dashes : {"-", "--"}) {
+        const std::string flag = absl::StrCat(dashes, name);
+        if (a == flag || absl::StartsWith(a, flag + "=")) return true;
+      }
+    }
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
+  const bool add_bos_given = AddBosGiven(argc, argv);
   pdserve::ParseFlags(
       argc, argv, "Streams one generation from a pdserve router and prints it with its latencies",
       __FILE__);
@@ -74,7 +95,9 @@ int main(int argc, char** argv) {
   } else {
     request.set_text(absl::GetFlag(FLAGS_prompt));
   }
-  request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
+  if (add_bos_given) {
+    request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
+  }
   auto* s = request.mutable_sampling();
   s->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
   s->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));

@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "plaintext");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "Tool-call format of the model's replies: auto (from the chat template), hermes "
+          "(<tool_call> JSON </tool_call>), llama3_json, none");
 ABSL_FLAG(std::string, model_name, "",
           "Model name of the OpenAI API (empty: config.json's _name_or_path, else the last "
           "component of --model_dir)");
@@ -198,9 +201,9 @@ int Main() {
     PDSERVE_LOG(ERROR) << internal_port.status();
     return 1;
   }
-  auto http_server = frontend::StartOpenAiHttpFromFlags(host, absl::GetFlag(FLAGS_http_port),
-                                                        absl::GetFlag(FLAGS_model_name), model_dir,
-                                                        max_in_flight, &sessions);
+  auto http_server = frontend::StartOpenAiHttpFromFlags(
+      host, absl::GetFlag(FLAGS_http_port), absl::GetFlag(FLAGS_model_name), model_dir,
+      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser));
   if (!http_server.ok()) {
     PDSERVE_LOG(ERROR) << http_server.status();
     return 1;

@@ -47,7 +47,8 @@ absl::StatusOr<ChatTemplate> ParseChatTemplate(std::string_view source, std::str
                                                std::string eos_token) {
   absl::StatusOr<jinja::Template> program = jinja::Template::Parse(source);
   if (!program.ok()) return program.status();
-  return ChatTemplate{*std::move(program), std::move(bos_token), std::move(eos_token)};
+  return ChatTemplate{*std::move(program), std::move(bos_token), std::move(eos_token),
+                      std::string(source)};
 }
 
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& model_dir) {

@@ -35,6 +35,7 @@ struct ChatTemplate {
   jinja::Template program;
   std::string bos_token;  // text of BOS ("" if none), the template's bos_token
   std::string eos_token;  // text of EOS ("" if none), the template's eos_token
+  std::string source;     // the template's text (the tool-call format is read from it)
 };
 
 struct ChatRenderOptions {

@@ -6,6 +6,7 @@
 
 #include "engine/cuda/base/cuda_status.h"
 #include "engine/cuda/base/device_memory.h"
+#include "engine/cuda/token_mask.cuh"
 
 namespace pdserve::cuda {
 
@@ -22,6 +23,17 @@ SamplingPlan PlanSampling(const engine::StepBatch& batch, std::span<const int> s
     plan.penalties = plan.penalties || NeedsLogitsProcessors(p, seq.history);
     plan.penalty.AddRow(p, seq.history, eos_ids, vocab);
     max_logprobs = std::max(max_logprobs, p.logprobs);
+    if (p.constraint != nullptr) {
+      // Computed here, on the host, while nothing waits for it: the mask
+      // depends only on the request's history.
+      thread_local std::vector<uint32_t> mask;
+      engine::FillConstraintMask(p, seq.history, eos_ids, vocab, mask);
+      plan.mask_rows.push_back(static_cast<int32_t>(plan.masks.size() / mask.size()));
+      plan.masks.insert(plan.masks.end(), mask.begin(), mask.end());
+      plan.masked = true;
+    } else {
+      plan.mask_rows.push_back(-1);
+    }
   }
   if (max_logprobs >= 0) plan.top_n = std::min({max_logprobs, vocab, kMaxTopLogprobs});
   return plan;
@@ -42,8 +54,14 @@ SamplingBuffers LayoutSampling(const SamplingPlan& plan, uintptr_t base) {
     b.mask_offsets = static_cast<int32_t*>(take(p.mask_offsets.size() * 4));
     b.mask_tokens = static_cast<int32_t*>(take(p.mask_tokens.size() * 4));
   }
+  if (plan.masked) {
+    b.token_mask_rows = static_cast<int32_t*>(take(plan.mask_rows.size() * 4));
+    b.token_masks = static_cast<uint32_t*>(take(plan.masks.size() * 4));
+  }
   b.input_bytes = layout.size();
-  if (plan.penalties) b.processed = static_cast<float*>(take(rows * plan.vocab * sizeof(float)));
+  if (plan.processed()) {
+    b.processed = static_cast<float*>(take(rows * plan.vocab * sizeof(float)));
+  }
   b.output_offset = layout.Take(LayoutSamplingOutputs(plan, 0).bytes);
   b.total_bytes = layout.size();
   return b;
@@ -70,6 +88,10 @@ void FillSamplingInputs(const SamplingPlan& plan, const SamplingBuffers& host) {
     if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
   };
   copy(host.params, plan.params);
+  if (plan.masked) {
+    copy(host.token_mask_rows, plan.mask_rows);
+    copy(host.token_masks, plan.masks);
+  }
   if (!plan.penalties) return;
   copy(host.penalty_params, plan.penalty.params);
   copy(host.offsets, plan.penalty.offsets);
@@ -84,10 +106,13 @@ absl::Status EnqueueSampling(const SamplingPlan& plan, const float* logits,
                              cudaStream_t stream) {
   if (plan.rows == 0) return absl::OkStatus();
   const float* from = logits;
-  if (plan.penalties) {
+  if (plan.processed()) {
     PDSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.processed, logits,
                                                  size_t{sizeof(float)} * plan.rows * plan.vocab,
                                                  cudaMemcpyDeviceToDevice, stream));
+    from = b.processed;
+  }
+  if (plan.penalties) {
     PenaltyArgs args;
     args.params = b.penalty_params;
     args.offsets = b.offsets;
@@ -96,7 +121,10 @@ absl::Status EnqueueSampling(const SamplingPlan& plan, const float* logits,
     args.mask_offsets = b.mask_offsets;
     args.mask_tokens = b.mask_tokens;
     PDSERVE_CUDA_RETURN_IF_ERROR(ApplyPenalties(b.processed, plan.rows, plan.vocab, args, stream));
-    from = b.processed;
+  }
+  if (plan.masked) {
+    PDSERVE_CUDA_RETURN_IF_ERROR(ApplyTokenMasks(b.processed, plan.rows, plan.vocab,
+                                                 b.token_mask_rows, b.token_masks, stream));
   }
   PDSERVE_CUDA_RETURN_IF_ERROR(
       SampleTokens(from, plan.rows, plan.vocab, b.params, out.tokens, stream));

@@ -25,6 +25,12 @@ struct SamplingPlan {
   bool penalties = false;                    // some row needs ApplyPenalties
   PenaltyInputs penalty;                     // every row (empty lists where none)
   int top_n = -1;                            // top log-probabilities per row; -1: none
+  // Structured output (token_mask.cuh): when some row has a constraint,
+  // mask_rows[r] is row r's mask in `masks` (-1: none).
+  bool masked = false;
+  std::vector<int32_t> mask_rows;
+  std::vector<uint32_t> masks;
+  bool processed() const { return penalties || masked; }
 };
 
 // Row i samples for batch.seqs[sample_seqs[i]].
@@ -40,8 +46,10 @@ struct SamplingBuffers {
   int32_t* counts = nullptr;
   int32_t* mask_offsets = nullptr;
   int32_t* mask_tokens = nullptr;
+  int32_t* token_mask_rows = nullptr;  // when masked
+  uint32_t* token_masks = nullptr;
   size_t input_bytes = 0;
-  float* processed = nullptr;  // [rows, vocab] when penalties
+  float* processed = nullptr;  // [rows, vocab] when penalties or masked
   size_t output_offset = 0;    // where the outputs (SamplingOutputs) start
   size_t total_bytes = 0;
 };

@@ -286,6 +286,13 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
   return DrawInIdOrder(kept, UniformForStep(params.seed, step) * total, logits.size());
 }
 
+void FillConstraintMask(const SamplingParams& params, const TokenHistory& history,
+                        std::span<const int> eos_ids, int vocab, std::vector<uint32_t>& mask) {
+  mask.assign(TokenMaskWords(vocab), 0u);
+  const int remaining = params.max_tokens - static_cast<int>(history.generated.size());
+  params.constraint->FillMask(history.generated, std::max(remaining, 1), eos_ids, mask);
+}
+
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,
                            const TokenHistory& history, std::span<const int> eos_ids) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
@@ -327,6 +334,19 @@ void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params
       if (stop >= 0 && stop < vocab) logits[stop] = kMasked;
     }
   }
+  if (params.constraint != nullptr) {
+    thread_local std::vector<uint32_t> mask;
+    FillConstraintMask(params, history, eos_ids, vocab, mask);
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    for (int32_t w = 0; w * 32 < vocab; ++w) {
+      const uint32_t bits = mask[w];
+      if (bits == ~0u) continue;
+      const int32_t end = std::min(vocab, (w + 1) * 32);
+      for (int32_t t = w * 32; t < end; ++t) {
+        if (((bits >> (t & 31)) & 1u) == 0) logits[t] = kMasked;
+      }
+    }
+  }
 }
 
 SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
@@ -335,7 +355,7 @@ SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
   const int step = static_cast<int>(history.generated.size());
   const bool masks_eos = step < params.min_tokens;
   SampledToken out;
-  if (params.HasPenalties() || masks_eos) {
+  if (params.HasPenalties() || masks_eos || params.constraint != nullptr) {
     scratch.assign(logits.begin(), logits.end());
     ApplyLogitsProcessors(scratch, params, history, eos_ids);
     out.token = SampleToken(scratch, params, step);

@@ -36,8 +36,15 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
 
 // Applies the penalties and the min_tokens mask to `logits` in place.
 // `eos_ids` are the model's end-of-sequence ids (masked unless ignore_eos).
+// Then the constraint's mask, if any (FillConstraintMask).
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,
                            const TokenHistory& history, std::span<const int> eos_ids);
+
+// The constraint's mask for step history.generated.size() (with
+// max_tokens - that many tokens left) into `mask` (TokenMaskWords(vocab)
+// words). Needs params.constraint.
+void FillConstraintMask(const SamplingParams& params, const TokenHistory& history,
+                        std::span<const int> eos_ids, int vocab, std::vector<uint32_t>& mask);
 
 // The whole pipeline for step history.generated.size(): processors, the draw,
 // and the log-probabilities. `scratch` is reused across calls.

@@ -59,6 +59,17 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size
       return FieldError("stop_token_ids", absl::StrCat("[0, ", vocab_size, ")"), id);
     }
   }
+  if (!params.grammar_spec.empty() || params.constraint != nullptr) {
+    // The grammar decides where the output may end.
+    if (params.ignore_eos) {
+      return absl::InvalidArgumentError(
+          "sampling.ignore_eos cannot be combined with structured output");
+    }
+    if (params.min_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "sampling.min_tokens cannot be combined with structured output");
+    }
+  }
   return absl::OkStatus();
 }
 

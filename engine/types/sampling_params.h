@@ -1,12 +1,16 @@
 // The engine's value types a request carries across processes: sampling
-// parameters and a sampled token with its log-probabilities. No engine
+// parameters (with a structured-output constraint, token_constraint.h) and
+// a sampled token with its log-probabilities. No engine
 // code: the front end links these (pdserve_engine_types) without the runtime.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/types/token_constraint.h"
 
 namespace pdserve::engine {
 
@@ -29,6 +33,14 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // per occurrence in the output
   int min_tokens = 0;               // EOS and stop ids masked before this many
   int logprobs = -1;                // -1: none; else top alternatives to return
+  // Structured output: the grammar the output must match, as the worker
+  // protocol carries it (engine/runtime/grammar/grammar_spec.h); empty:
+  // none. The worker that samples compiles it into `constraint`, which the
+  // sampler applies (masked tokens are never drawn; log-probabilities stay
+  // those of the raw logits). Copies share the constraint, which follows
+  // whichever history it is asked about.
+  std::string grammar_spec;
+  std::shared_ptr<const TokenConstraint> constraint;
 
   bool HasPenalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
@@ -50,7 +62,8 @@ struct SampledToken {
 };
 
 // INVALID_ARGUMENT naming the field for out-of-range values (and for more
-// than kMaxStopTokenIds stop token ids).
+// than kMaxStopTokenIds stop token ids, and for ignore_eos or min_tokens
+// with structured output: the grammar decides where the output may end).
 absl::Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
 
 }  // namespace pdserve::engine

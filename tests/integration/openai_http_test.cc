@@ -11,6 +11,8 @@
 #include "engine/runtime/generator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/demo_chat_model.h"
+#include "tests/integration/generate_client.h"
 #include "tests/integration/http_client.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/util/poll.h"
@@ -31,14 +33,7 @@ class OpenAiHttpTest : public ::testing::Test {
     std::filesystem::remove_all(*work_dir_);
     std::filesystem::create_directories(*work_dir_);
     model_dir_ = new std::string(*work_dir_ + "/model");
-    engine::ModelConfig config = engine::DefaultDemoConfig();
-    config.max_position_embeddings = 512;
-    engine::RandomModelOptions options{
-        .seed = 5,
-        .write_generation_config = true,
-        .generation_eos_token_ids = {engine::kDemoEndOfTextId, engine::kDemoEotId}};
-    ASSERT_TRUE(engine::WriteRandomModel(config, options, *model_dir_).ok());
-    ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, *model_dir_).ok());
+    ASSERT_TRUE(WriteDemoChatModel(*model_dir_, 512, /*seed=*/5).ok());
     cluster_ = new LocalCluster(ClusterOptions{.model_dir = *model_dir_, .work_dir = *work_dir_});
     absl::Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s;
@@ -162,6 +157,38 @@ TEST_F(OpenAiHttpTest, CurlHealthModelsAndCompletions) {
   EXPECT_EQ(finish, expected.finish_reason);
   EXPECT_EQ(usage["completion_tokens"], expected.tokens.size());
   EXPECT_EQ(usage["total_tokens"], kPrompt.size() + expected.tokens.size());
+}
+
+// A text prompt is tokenized alike over gRPC (add_bos unset) and HTTP: the
+// tokenizer's own add_bos_token decides the BOS, so both generate the same.
+TEST_F(OpenAiHttpTest, GrpcAndHttpTokenizeTextAlike) {
+  auto tokenizer = text::LoadTokenizer(*model_dir_);
+  ASSERT_TRUE(tokenizer.ok());
+  ASSERT_TRUE((*tokenizer)->add_bos_token());
+  const std::string prompt = "Hello there";
+  const size_t expected_tokens = (*tokenizer)->Encode(prompt).size() + 1;  // BOS first
+
+  v1::GenerateRequest request;
+  request.set_text(prompt);
+  request.mutable_sampling()->set_max_tokens(12);
+  auto stub = cluster_->NewClient();
+  const StreamResult grpc_reply = RunGenerate(*stub, request);
+  ASSERT_TRUE(grpc_reply.status.ok()) << grpc_reply.status.error_message();
+  EXPECT_EQ(grpc_reply.last.usage().prompt_tokens(), static_cast<int>(expected_tokens));
+
+  const Json body = {
+      {"model", "model"}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+  HttpResult http = Post("/v1/completions", body.dump());
+  ASSERT_EQ(http.status, 200) << http.body;
+  const Json reply = Json::parse(http.body);
+  EXPECT_EQ(reply["usage"]["prompt_tokens"], expected_tokens);
+  EXPECT_EQ(reply["choices"][0]["text"], grpc_reply.text);
+
+  // add_bos false is honoured as an explicit override.
+  request.set_add_bos(false);
+  const StreamResult without = RunGenerate(*stub, request);
+  ASSERT_TRUE(without.status.ok());
+  EXPECT_EQ(without.last.usage().prompt_tokens(), static_cast<int>(expected_tokens - 1));
 }
 
 TEST_F(OpenAiHttpTest, CurlChatIsRenderedThroughTheTemplate) {

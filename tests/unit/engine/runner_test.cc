@@ -10,6 +10,7 @@
 // tests/unit/cuda, runner_cuda_test with PDSERVE_RUNNER_TEST_CUDA (the CUDA
 // backend, under the emulation or on a GPU; it skips where no device is
 // usable).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -281,6 +282,52 @@ TEST_P(RunnerTest, SamplingInTheRunnerIsTheHostSampler) {
   EXPECT_NEAR(out->sampled[0].logprob, host.logprob, 1e-4);
   ASSERT_EQ(out->sampled[0].top.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out->sampled[0].top[i].token, host.top[i].token);
+}
+
+// A constraint that allows a few ids that depend on the history, so the
+// runner must ask it with the sequence's own history.
+class FewTokens final : public TokenConstraint {
+ public:
+  void FillMask(std::span<const int32_t> generated, int remaining, std::span<const int> eos_ids,
+                std::span<uint32_t> mask) const override {
+    std::fill(mask.begin(), mask.end(), 0u);
+    for (int32_t id : Allowed(generated.size(), remaining)) mask[id >> 5] |= 1u << (id & 31);
+  }
+  static std::vector<int32_t> Allowed(size_t step, int remaining) {
+    return {static_cast<int32_t>(3 + step), static_cast<int32_t>(40 + remaining), 77};
+  }
+};
+
+TEST_P(RunnerTest, ConstraintMasksTheDrawAsTheHostSamplerDoes) {
+  const std::vector<int32_t> prompt = Tokens(8, config_.vocab_size, 11);
+  const std::vector<int32_t> generated = {4, 9};
+  const std::vector<int32_t> table = Iota(2, 0);
+  for (float temperature : {0.0f, 1.5f}) {
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      SamplingParams p;
+      p.temperature = temperature;
+      p.seed = seed;
+      p.max_tokens = 20;
+      p.repetition_penalty = 1.2f;
+      p.grammar_spec = "(test)";
+      p.constraint = std::make_shared<FewTokens>();
+      StepBatch b;
+      b.return_logits = true;
+      b.seqs.push_back({.tokens = prompt,
+                        .block_table = table,
+                        .sampling = &p,
+                        .history = {.prompt = prompt, .generated = generated}});
+      absl::StatusOr<StepOutput> out = runner_->Step(std::move(b));
+      ASSERT_TRUE(out.ok()) << out.status();
+      const std::vector<int32_t> allowed = FewTokens::Allowed(2, 18);
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), out->sampled[0].token), allowed.end())
+          << out->sampled[0].token;
+      std::vector<float> scratch;
+      const SampledToken host = Sample(out->logits, p, {.prompt = prompt, .generated = generated},
+                                       config_.eos_token_ids, scratch);
+      EXPECT_EQ(out->sampled[0].token, host.token) << "temperature " << temperature;
+    }
+  }
 }
 
 using DeviceRunnerTest = RunnerTest;

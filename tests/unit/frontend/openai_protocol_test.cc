@@ -36,7 +36,7 @@ TEST(OpenAiParseTest, CompletionFieldsAndDefaults) {
   const Request& r = p->request;
   EXPECT_EQ(r.input, Request::Input::kText);
   EXPECT_EQ(r.text, "Hello");
-  EXPECT_TRUE(r.add_bos);
+  EXPECT_EQ(r.add_bos, true);
   EXPECT_EQ(r.sampling.max_tokens, 16);     // OpenAI's default
   EXPECT_EQ(r.sampling.temperature, 1.0f);  // OpenAI's default
   EXPECT_EQ(r.sampling.logprobs, -1);
@@ -158,8 +158,8 @@ TEST(OpenAiParseTest, WrongTypesAndUnsupportedFieldsNameTheField) {
       {Api::kChat, R"({"messages": [], "top_logprobs": 2})", "top_logprobs"},
       {Api::kChat, R"({"messages": [], "chat_template_kwargs": {"x": 1}})",
        "chat_template_kwargs.x"},
-      {Api::kChat, R"({"messages": [], "response_format": {"type": "json_object"}})",
-       "response_format"},
+      {Api::kChat, R"({"messages": [], "response_format": {"type": "yaml"}})",
+       "response_format.type"},
   };
   for (const Case& c : cases) {
     auto p = ParseRequest(c.api, c.body, kOptions);

@@ -5,6 +5,7 @@
 
 #include "frontend/errors.h"
 #include "frontend/generate_request_proto.h"
+#include "frontend/openai_protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "text/tokenizer_loader.h"
@@ -155,6 +156,49 @@ TEST(RequestValidationTest, TextTakesBosFromTheTokenizer) {
   EXPECT_EQ(source.tokenizer->Decode(v->prompt), "the cache");
   // Merges learned by the writer apply: fewer tokens than bytes.
   EXPECT_LT(v->prompt.size(), 1 + std::string("the cache").size());
+}
+
+// Without add_bos, a text prompt gets a BOS exactly where the tokenizer's
+// own settings add one (Hugging Face's encode), as the OpenAI API does: the
+// same prompt tokens over both APIs. add_bos overrides either way.
+TEST(RequestValidationTest, BosFollowsTheTokenizerUnlessTheRequestSays) {
+  // tokenizer_config.json says add_bos_token: true.
+  PromptSource with_bos = ChatSource();
+  ASSERT_TRUE(with_bos.tokenizer->add_bos_token());
+  v1::GenerateRequest r = Text("hi", 4);
+  auto v = ValidateRequest(r, with_bos, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->prompt.front(), engine::kDemoBosId);
+  r.set_add_bos(false);
+  v = ValidateRequest(r, with_bos, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_NE(v->prompt.front(), engine::kDemoBosId);
+
+  // A tokenizer that adds nothing (as Qwen's): config.json's bos_token_id is
+  // not inserted by default, only on an explicit add_bos.
+  const PromptSource without = ByteSource();
+  ASSERT_FALSE(without.tokenizer->add_bos_token());
+  r.clear_add_bos();
+  v = ValidateRequest(r, without, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->prompt, (std::vector<int32_t>{'h', 'i'}));
+  r.set_add_bos(true);
+  v = ValidateRequest(r, without, kNow, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->prompt, (std::vector<int32_t>{256, 'h', 'i'}));
+
+  // The OpenAI adapter resolves to the same prompt as gRPC without add_bos.
+  for (const PromptSource* source : {static_cast<const PromptSource*>(&with_bos), &without}) {
+    auto parsed = openai::ParseRequest(
+        openai::Api::kCompletions, R"({"prompt": "hi"})",
+        {.model_name = "m", .add_bos = source->tokenizer->add_bos_token()});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    auto http = frontend::ValidateRequest(parsed->request, *source, {}, kNow, 1);
+    r.clear_add_bos();
+    auto grpc = ValidateRequest(r, *source, kNow, 1);
+    ASSERT_TRUE(http.ok() && grpc.ok());
+    EXPECT_EQ(http->prompt, grpc->prompt);
+  }
 }
 
 TEST(RequestValidationTest, RendersChatThroughTheModelTemplate) {

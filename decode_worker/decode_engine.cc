@@ -42,13 +42,15 @@ engine::SchedulerOptions SchedulerOptionsFor(const DecodeEngineOptions& o) {
 }  // namespace
 
 DecodeEngine::DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
-                           kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics)
+                           kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics,
+                           std::unique_ptr<engine::spec::SpecDecoder> spec)
     : options_(options),
       runner_(runner),
       receiver_(receiver),
       metrics_(metrics),
       kv_endpoint_(receiver->endpoint()),
       weight_bytes_(static_cast<double>(runner->DecodeWeightBytes())),
+      spec_(std::move(spec)),
       core_({.scheduler = SchedulerOptionsFor(options)}, runner, this) {
   {
     auto access = core_.Read();
@@ -233,6 +235,13 @@ DecodeLoad DecodeEngine::load() const {
                     .unhealthy_reason = progress.unhealthy_reason};
 }
 
+void DecodeEngine::BeforePlan() {
+  if (spec_ == nullptr) return;
+  if (absl::Status s = spec_->ProposeFor(core_.scheduler_locked()); !s.ok()) {
+    PDSERVE_LOG(WARNING) << "speculative proposals failed: " << s;
+  }
+}
+
 void DecodeEngine::OnPlanned(const engine::ScheduledStep& step, double plan_seconds) {
   metrics_->scheduler_step_seconds.Observe(plan_seconds);
   metrics_->preemptions.Increment(static_cast<double>(step.preempted.size()));
@@ -262,6 +271,7 @@ class DecodeEngine::Step final : public engine::EngineStep {
     ok_ = output.ok();
     seconds_ = timing.seconds();
     const absl::Time end = timing.completed;
+    if (engine_.spec_ != nullptr) spec_stats_ = engine_.spec_->Observe(updates);
     for (const engine::SequenceUpdate& u : updates) {
       auto it = engine_.entries_.find(u.id);
       if (it == engine_.entries_.end()) continue;
@@ -278,11 +288,16 @@ class DecodeEngine::Step final : public engine::EngineStep {
         continue;
       }
       if (!u.token.has_value()) continue;
-      ++tokens_;
-      itl_.push_back(absl::ToDoubleSeconds(end - entry.last_token_time));
+      // A verification's tokens arrive together: each counts its share of the gap.
+      const int num_tokens = 1 + static_cast<int>(u.more_tokens.size());
+      tokens_ += num_tokens;
+      for (int i = 0; i < num_tokens; ++i) {
+        itl_.push_back(absl::ToDoubleSeconds(end - entry.last_token_time) / num_tokens);
+      }
       entry.last_token_time = end;
-      ++entry.num_generated;
+      entry.num_generated += num_tokens;
       DecodeOutput out{.tokens = {*u.token}};
+      out.tokens.insert(out.tokens.end(), u.more_tokens.begin(), u.more_tokens.end());
       if (u.finish != engine::FinishReason::kNone) {
         out.finished = true;
         out.finish_reason = u.finish;
@@ -310,6 +325,9 @@ class DecodeEngine::Step final : public engine::EngineStep {
       }
     }
     metrics.generation_tokens.Increment(static_cast<double>(tokens_));
+    if (engine_.spec_ != nullptr) {
+      metrics.spec.Record(spec_stats_.proposed, spec_stats_.accepted_lengths);
+    }
     for (double itl : itl_) metrics.inter_token_latency.Observe(itl);
     for (auto& [stream, out] : out_) stream->Push(std::move(out));
   }
@@ -322,6 +340,7 @@ class DecodeEngine::Step final : public engine::EngineStep {
   double seconds_ = 0;
   int tokens_ = 0;
   std::vector<double> itl_;
+  engine::spec::SpecStepStats spec_stats_;  // speculative decoding: what the step verified
   std::vector<std::pair<std::shared_ptr<DecodeStream>, DecodeOutput>> out_;
 };
 

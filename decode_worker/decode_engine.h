@@ -12,7 +12,11 @@
 //
 // The step loop is the EngineCore's (engine/core/engine_core.h); this class
 // is the decode role's policy over it. A KV transfer done, a cancel or an
-// admission wakes the loop at once.
+// admission wakes the loop at once. With speculative decoding
+// (engine/spec/spec_decoder.h), the policy proposes tokens for the decoding
+// sequences before each plan; the step verifies them (the rejected ones'
+// KV rolled back) and a sequence's stream gets every token that stood, plus
+// the one drawn after them, in one message.
 //
 // Threads: the core's engine thread plans, runs and applies steps; transport
 // threads write received KV into blocks reserved for (and only touched by)
@@ -40,6 +44,7 @@
 #include "engine/runtime/model_runner.h"
 #include "engine/runtime/sampler.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/spec/spec_decoder.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::decode {
@@ -113,9 +118,11 @@ struct DecodeLoad {
 
 class DecodeEngine : private engine::EnginePolicy {
  public:
-  // `runner`, `receiver` and `metrics` must outlive the engine.
+  // `runner`, `receiver` and `metrics` must outlive the engine. `spec`:
+  // speculative decoding (engine/spec/spec_decoder.h), or null.
   DecodeEngine(DecodeEngineOptions options, engine::ModelRunner* runner,
-               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics);
+               kvtransfer::KvReceiver* receiver, DecodeMetrics* metrics,
+               std::unique_ptr<engine::spec::SpecDecoder> spec = nullptr);
   ~DecodeEngine() override;  // cancels everything and joins the engine thread
 
   // Validates the request, reserves blocks for the prompt plus the headroom
@@ -145,6 +152,7 @@ class DecodeEngine : private engine::EnginePolicy {
 
   class Step;
   // EnginePolicy (on the engine thread, under the core's lock).
+  void BeforePlan() override;
   void OnPlanned(const engine::ScheduledStep& step, double plan_seconds) override;
   std::unique_ptr<engine::EngineStep> BeginStep(const engine::ScheduledStep& step,
                                                 absl::Time now) override;
@@ -164,6 +172,8 @@ class DecodeEngine : private engine::EnginePolicy {
 
   // Guarded by the core's lock.
   std::unordered_map<engine::SeqId, Entry> entries_;
+  // Speculative decoding (null: off); used on the engine thread only.
+  const std::unique_ptr<engine::spec::SpecDecoder> spec_;
   engine::SeqId next_seq_ = 1;
   // Transfer ids travel in the clear on the TCP KV port: one seen there must
   // not tell the next (a peer that could replay the port's fixed credential

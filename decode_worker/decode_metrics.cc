@@ -52,6 +52,7 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                                     "Requests that reserved KV blocks")),
       requests_rejected(MakeCounter(r, "pdserve_decode_requests_rejected_total",
                                     "Requests refused for lack of KV blocks or slots")),
-      preemptions(MakePreemptionsCounter(r)) {}
+      preemptions(MakePreemptionsCounter(r)),
+      spec(r) {}
 
 }  // namespace pdserve::decode

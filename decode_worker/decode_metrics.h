@@ -2,6 +2,7 @@
 // injected registry; the engine updates them.
 #pragma once
 
+#include "common/spec_decode_metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -12,9 +13,9 @@ namespace pdserve::decode {
 struct DecodeMetrics {
   explicit DecodeMetrics(prometheus::Registry& registry);
 
-  prometheus::Gauge& running_sequences;       // in the decode batch
-  prometheus::Gauge& waiting_kv_sequences;    // reserved, KV not yet complete
-  prometheus::Gauge& kv_cache_usage;          // pdserve_kv_cache_usage_ratio
+  prometheus::Gauge& running_sequences;     // in the decode batch
+  prometheus::Gauge& waiting_kv_sequences;  // reserved, KV not yet complete
+  prometheus::Gauge& kv_cache_usage;        // pdserve_kv_cache_usage_ratio
   prometheus::Histogram& step_seconds;
   prometheus::Histogram& scheduler_step_seconds;  // pdserve_scheduler_step_seconds
   prometheus::Histogram& batch_size;
@@ -34,6 +35,7 @@ struct DecodeMetrics {
   prometheus::Counter& requests_rejected;
   // Sequences preempted for lack of KV blocks (recomputed later).
   prometheus::Counter& preemptions;
+  SpecDecodeMetrics spec;  // speculative decoding (zero when off)
 };
 
 }  // namespace pdserve::decode

@@ -16,6 +16,7 @@
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/grammar/tokenizer_vocabulary.h"
+#include "engine/spec/spec_factory.h"
 #include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
@@ -62,6 +63,18 @@ ABSL_FLAG(int, kv_timeout_ms, 600000,
 ABSL_FLAG(double, peak_memory_bandwidth, 0,
           "Peak memory bandwidth in bytes/s for the utilisation gauge; 0: from the backend (cpu: a "
           "triad measured at start-up; cuda: the device's memory clock x bus width)");
+ABSL_FLAG(std::string, speculative, "off",
+          "Speculative decoding: off, ngram (prompt lookup: proposes what followed the latest "
+          "match of the last tokens in the prompt and output) or draft (a smaller model of the "
+          "same tokenizer, --draft_model_dir)");
+ABSL_FLAG(int, num_speculative_tokens, 4, "Tokens proposed per sequence and step, at most");
+ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=draft");
+ABSL_FLAG(bool, speculative_adaptive, true,
+          "Each sequence's proposal length follows its acceptance, and a sequence whose "
+          "acceptance is low stops proposing for a while");
+ABSL_FLAG(int, speculative_max_batch, 4,
+          "No proposals in a step with more decoding sequences than this (0: no limit): at "
+          "larger batches a step is compute-bound and verification costs about 1 + k plain steps");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -123,6 +136,30 @@ int Main() {
     return 1;
   }
 
+  absl::StatusOr<engine::spec::SpecMethod> spec_method =
+      engine::spec::ParseSpecMethod(absl::GetFlag(FLAGS_speculative));
+  if (!spec_method.ok()) {
+    PDSERVE_LOG(ERROR) << spec_method.status();
+    return 2;
+  }
+  auto spec = engine::spec::CreateSpecDecoder(
+      {.method = *spec_method,
+       .num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens),
+       .adaptive = absl::GetFlag(FLAGS_speculative_adaptive),
+       .max_batch = absl::GetFlag(FLAGS_speculative_max_batch),
+       .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),
+       .backend = runner_options.backend,
+       .num_threads = runner_options.num_threads},
+      **runner);
+  if (!spec.ok()) {
+    PDSERVE_LOG(ERROR) << "speculative decoding: " << spec.status();
+    return 2;
+  }
+  if (*spec != nullptr) {
+    PDSERVE_LOG(INFO) << "speculative decoding: " << (*spec)->proposer().name() << ", up to "
+                      << absl::GetFlag(FLAGS_num_speculative_tokens) << " tokens";
+  }
+
   decode::DecodeEngineOptions engine_options{
       .max_running = absl::GetFlag(FLAGS_max_running),
       .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens),
@@ -131,7 +168,7 @@ int Main() {
       .peak_memory_bandwidth = peak.value};
   // Destroyed before the receiver and the runner it uses.
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
-                                                       receiver->get(), &metrics);
+                                                       receiver->get(), &metrics, *std::move(spec));
   // Structured output needs each token's bytes: the tokenizer, once.
   auto grammars =
       engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());

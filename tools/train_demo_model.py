@@ -226,6 +226,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--check_passages", type=int, default=1,
+                    help="0: report the greedy passage check without failing on it (a draft model)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -348,7 +350,7 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {prompt!r} -> {decode(vocab, got)!r}", flush=True)
     print(f"wrote {args.out_dir}; {len(PASSAGES) - failures} of {len(PASSAGES)} passages continued exactly")
-    return 0 if failures == 0 else 1
+    return 0 if failures == 0 or not args.check_passages else 1
 
 
 def encode_with(tool, model_dir, text):

@@ -72,6 +72,7 @@ WakeStats EngineCore::wake_stats() const {
 
 std::unique_ptr<EngineCore::Planned> EngineCore::PlanLocked() {
   wake_ = false;
+  policy_->BeforePlan();
   auto planned = std::make_unique<Planned>();
   const absl::Time plan_start = absl::Now();
   if (options_.step_target > absl::ZeroDuration() && tokens_per_second_ > 0) {

@@ -4,8 +4,9 @@
 //
 // The core owns the Scheduler (engine/scheduler/scheduler.h) and the lock
 // that guards it, and runs one engine thread. A role (prefill worker, decode
-// worker, colocated baseline) differs only by a small EnginePolicy: what a
-// planned step carries besides its batch (KV sessions, stream timings),
+// worker, colocated baseline) differs only by a small EnginePolicy: what it
+// gives the scheduler before a plan (the decode role's speculative
+// proposals), what a planned step carries besides its batch (KV sessions, stream timings),
 // how a step runs once enqueued (the prefill role queues each layer's KV on
 // its transfer while the next layer computes), how results are applied under
 // the lock, and how they are handed out (tickets, streams, KV sends) without
@@ -122,6 +123,10 @@ class EngineStep {
 class EnginePolicy {
  public:
   virtual ~EnginePolicy() = default;
+  // Right before every plan: what the role gives the scheduler for it (the
+  // decode role's speculative proposals, Scheduler::SetProposal). Not
+  // counted in the plan's seconds.
+  virtual void BeforePlan() {}
   // After every plan, empty or not: sequences the plan preempted (queued
   // again) or failed (already freed), prefix-cache counters.
   virtual void OnPlanned(const ScheduledStep& step, double plan_seconds) = 0;

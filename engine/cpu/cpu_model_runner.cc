@@ -419,6 +419,14 @@ absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handl
     }
     if (seq.sampling != nullptr) sample_rows.push_back(static_cast<int>(tokens.size()) - 1);
   }
+  // Verification rows follow the sampling rows in the LM head's output.
+  const size_t num_sample_rows = sample_rows.size();
+  for (size_t s = 0, first = 0; s < batch.seqs.size(); first += batch.seqs[s].tokens.size(), ++s) {
+    const StepSequence& seq = batch.seqs[s];
+    const size_t end = first + seq.tokens.size();
+    for (size_t r = end - seq.num_verify_rows; r < end; ++r)
+      sample_rows.push_back(static_cast<int>(r));
+  }
   const int m = static_cast<int>(tokens.size());
   ResizeScratch(m);
   Embed(tokens);
@@ -445,6 +453,11 @@ absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handl
   if (sample_rows.empty()) return out;
   LmHead(sample_rows, logits_);
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  if (sample_rows.size() > num_sample_rows) {
+    out.verify_logits.assign(logits_.begin() + static_cast<int64_t>(num_sample_rows * vocab),
+                             logits_.end());
+    logits_.resize(num_sample_rows * vocab);
+  }
   size_t row = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const StepSequence& seq = batch.seqs[s];

@@ -117,8 +117,8 @@ class CpuModelRunner : public ModelRunner {
     cpu::AlignedVector<float> x, xn, qkv, attn, proj, gu, act;
     cpu::AlignedVector<float> cos, sin;               // [M, head_dim / 2]: RoPE at each row
     std::vector<int32_t> tokens, positions, row_seq;  // [M]
-    std::vector<int> sample_rows;                     // last row of each sampling sequence
-    std::vector<float> sample;                        // Sample's scratch
+    std::vector<int> sample_rows;  // LM-head rows: sampling rows, then verification rows
+    std::vector<float> sample;     // Sample's scratch
   };
 
   class Handle;

@@ -382,6 +382,119 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
   }
 }
 
+// GemvAvx512 over G vectors at once (x: G rows of k, y: G rows of ldy): each
+// weight vector is loaded and widened once for all of them, and each
+// vector's products are summed exactly as GemvAvx512 sums them.
+template <typename Loader, typename T, int G>
+PDSERVE_AVX512 void GemvManyAvx512(const T* w, const float* x, float* y, int ldy, int n, int k) {
+  constexpr int kU = Loader::kUnroll;
+  const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
+  const __mmask16 tail = TailMask(k - k16);
+  for (int r = 0; r < n; ++r) {
+    const T* row = w + int64_t{r} * k;
+    __m512 a[G][kU];
+    for (int g = 0; g < G; ++g) {
+      for (int u = 0; u < kU; ++u) a[g][u] = _mm512_setzero_ps();
+    }
+    int i = 0;
+    for (; i < kb; i += 16 * kU) {
+      for (int u = 0; u < kU; ++u) {
+        const __m512 wv = Loader::Load(row + i + 16 * u);
+        for (int g = 0; g < G; ++g) {
+          a[g][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i + 16 * u), a[g][u]);
+        }
+      }
+    }
+    for (; i < k16; i += 16) {
+      const __m512 wv = Loader::Load(row + i);
+      for (int g = 0; g < G; ++g) {
+        a[g][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i), a[g][0]);
+      }
+    }
+    if (tail) {
+      const __m512 wv = Loader::Load(row + i, tail);
+      for (int g = 0; g < G; ++g) {
+        a[g][1] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + int64_t{g} * k + i), a[g][1]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int u = 2; u < kU; ++u) a[g][u & 1] = _mm512_add_ps(a[g][u & 1], a[g][u]);
+      y[int64_t{g} * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[g][0], a[g][1]));
+    }
+  }
+}
+
+// GemvAvx2 over G vectors at once, likewise.
+template <typename Loader, typename T, int G>
+PDSERVE_AVX2 void GemvManyAvx2(const T* w, const float* x, float* y, int ldy, int n, int k) {
+  const int k32 = k / 32 * 32, k8 = k / 8 * 8;
+  for (int r = 0; r < n; ++r) {
+    const T* row = w + int64_t{r} * k;
+    __m256 a[G][4];
+    for (int g = 0; g < G; ++g) {
+      for (int u = 0; u < 4; ++u) a[g][u] = _mm256_setzero_ps();
+    }
+    int i = 0;
+    for (; i < k32; i += 32) {
+      for (int u = 0; u < 4; ++u) {
+        const __m256 wv = Loader::Load(row + i + 8 * u);
+        for (int g = 0; g < G; ++g) {
+          a[g][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + int64_t{g} * k + i + 8 * u), a[g][u]);
+        }
+      }
+    }
+    for (; i < k8; i += 8) {
+      const __m256 wv = Loader::Load(row + i);
+      for (int g = 0; g < G; ++g) {
+        a[g][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + int64_t{g} * k + i), a[g][0]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const float* xg = x + int64_t{g} * k;
+      float sum = HorizontalSum(
+          _mm256_add_ps(_mm256_add_ps(a[g][0], a[g][1]), _mm256_add_ps(a[g][2], a[g][3])));
+      for (int j = i; j < k; ++j) sum += Loader::Value(row[j]) * xg[j];
+      y[int64_t{g} * ldy + r] = sum;
+    }
+  }
+}
+
+// The G-vector kernels for m vectors, G at a time.
+template <typename Loader, typename T>
+PDSERVE_AVX512 void GemvManyAvx512Groups(const T* w, const float* x, int m, float* y, int ldy,
+                                         int n, int k) {
+  for (int g0 = 0; g0 < m; g0 += 4) {
+    const float* xg = x + int64_t{g0} * k;
+    float* yg = y + int64_t{g0} * ldy;
+    switch (std::min(4, m - g0)) {
+      case 1:
+        GemvAvx512<Loader>(w, xg, yg, n, k);
+        break;
+      case 2:
+        GemvManyAvx512<Loader, T, 2>(w, xg, yg, ldy, n, k);
+        break;
+      case 3:
+        GemvManyAvx512<Loader, T, 3>(w, xg, yg, ldy, n, k);
+        break;
+      default:
+        GemvManyAvx512<Loader, T, 4>(w, xg, yg, ldy, n, k);
+    }
+  }
+}
+template <typename Loader, typename T>
+PDSERVE_AVX2 void GemvManyAvx2Groups(const T* w, const float* x, int m, float* y, int ldy, int n,
+                                     int k) {
+  for (int g0 = 0; g0 < m; g0 += 2) {
+    const float* xg = x + int64_t{g0} * k;
+    float* yg = y + int64_t{g0} * ldy;
+    if (m - g0 == 1) {
+      GemvAvx2<Loader>(w, xg, yg, n, k);
+    } else {
+      GemvManyAvx2<Loader, T, 2>(w, xg, yg, ldy, n, k);
+    }
+  }
+}
+
 Isa DetectIsa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
@@ -544,6 +657,43 @@ void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, Isa isa
 #endif
     case Isa::kPortable:
       return GemvBf16Portable(w, x, y, n, k);
+  }
+}
+
+void GemvManyF32(const float* w, const float* x, int m, float* y, int ldy, int n, int k, Isa isa) {
+  switch (Usable(isa)) {
+#if defined(__x86_64__)
+    case Isa::kAvx512:
+      return GemvManyAvx512Groups<F32x16>(w, x, m, y, ldy, n, k);
+    case Isa::kAvx2:
+      return GemvManyAvx2Groups<F32x8>(w, x, m, y, ldy, n, k);
+#else
+    case Isa::kAvx512:
+    case Isa::kAvx2:
+#endif
+    case Isa::kPortable:
+      for (int v = 0; v < m; ++v) {
+        GemvF32Portable(w, x + int64_t{v} * k, y + int64_t{v} * ldy, n, k);
+      }
+  }
+}
+
+void GemvManyBf16(const uint16_t* w, const float* x, int m, float* y, int ldy, int n, int k,
+                  Isa isa) {
+  switch (Usable(isa)) {
+#if defined(__x86_64__)
+    case Isa::kAvx512:
+      return GemvManyAvx512Groups<Bf16x16>(w, x, m, y, ldy, n, k);
+    case Isa::kAvx2:
+      return GemvManyAvx2Groups<Bf16x8>(w, x, m, y, ldy, n, k);
+#else
+    case Isa::kAvx512:
+    case Isa::kAvx2:
+#endif
+    case Isa::kPortable:
+      for (int v = 0; v < m; ++v) {
+        GemvBf16Portable(w, x + int64_t{v} * k, y + int64_t{v} * ldy, n, k);
+      }
   }
 }
 

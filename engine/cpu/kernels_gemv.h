@@ -82,6 +82,14 @@ void QuantizeActivations(const float* x, int k, Int8Activations& out);
 void GemvF32(const float* w, const float* x, float* y, int n, int k, Isa isa);
 // bf16: the upper 16 bits of the fp32 value.
 void GemvBf16(const uint16_t* w, const float* x, float* y, int n, int k, Isa isa);
+// GemvF32 / GemvBf16 for m vectors at once (x: m rows of k; y[v * ldy + r]
+// for vector v): each weight is read once for all of them, and each vector's
+// result is bit for bit what GemvF32 / GemvBf16 gives for it alone, so a
+// sequence's numbers do not depend on what shares its step. For the few
+// rows of a verification step or a small decode batch.
+void GemvManyF32(const float* w, const float* x, int m, float* y, int ldy, int n, int k, Isa isa);
+void GemvManyBf16(const uint16_t* w, const float* x, int m, float* y, int ldy, int n, int k,
+                  Isa isa);
 // The activations of an int8 matrix (WeightDtype::kInt8): x rounded to
 // 16-bit integers in groups of 32 (scale max |x| / 32767, round to nearest),
 // a rounding 258 times finer than the weights' (max / 127), so the error

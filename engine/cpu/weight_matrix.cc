@@ -328,7 +328,22 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
       x = rounded_x.data();
     }
   }
-  if (m == 1 && pool != nullptr && pool->num_threads() > 1) {
+  // A few rows of fp32 or bf16 weights (a verification step, a small decode
+  // batch): GEMVs that read each weight once for all of them and sum each
+  // product as the batch-1 GEMV does, so results do not depend on the batch.
+  // (int8 and int4 storage keep the sgemm path on their rounded values.)
+  const bool few_rows =
+      m > 1 && m <= kManyGemvRows && (storage_ == Storage::kF32 || storage_ == Storage::kBf16);
+  const auto rows = [&](int first, int count) {
+    if (m == 1) {
+      GemvRows(x, rounded, y, first, count);
+    } else if (storage_ == Storage::kF32) {
+      GemvManyF32(f32() + int64_t{first} * k, x, m, y + first, n, count, k, BestIsa());
+    } else {
+      GemvManyBf16(bf16() + int64_t{first} * k, x, m, y + first, n, count, k, BestIsa());
+    }
+  };
+  if ((m == 1 || few_rows) && pool != nullptr && pool->num_threads() > 1) {
     // Chunks of whole 16-row groups, about 128 KiB of weights each: long
     // enough streams, few enough claims.
     const int64_t row_bytes = std::max<int64_t>(1, bytes() / rows_);
@@ -336,17 +351,17 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
         static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
     pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
       const int first = static_cast<int>(c) * chunk;
-      GemvRows(x, rounded, y, first, std::min(chunk, n - first));
+      rows(first, std::min(chunk, n - first));
     });
     return;
   }
   // Blocks of rows, a multiple of 16, one per thread.
   const int threads = MatMulThreads(m, n, k, num_threads);
   if (threads == 1) {  // no OpenMP region (its set-up is paid per call)
-    if (m > 1) {
+    if (m > 1 && !few_rows) {
       BlockGemm(x, y, m, 0, n);
     } else {
-      GemvRows(x, rounded, y, 0, n);
+      rows(0, n);
     }
     return;
   }
@@ -354,10 +369,10 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int n0 = 0; n0 < n; n0 += block) {
     const int nb = std::min(block, n - n0);
-    if (m > 1) {
+    if (m > 1 && !few_rows) {
       BlockGemm(x, y, m, n0, nb);
     } else {
-      GemvRows(x, rounded, y, n0, nb);
+      rows(n0, nb);
     }
   }
 }

@@ -32,6 +32,11 @@ namespace pdserve::engine::cpu {
 
 struct WeightSlab;  // shared huge-page memory of small matrices (weight_matrix.cc)
 
+// Up to this many activation rows, fp32 and bf16 matrices multiply by GEMVs
+// that read each weight once for all rows (GemvManyF32/GemvManyBf16) rather
+// than by sgemm: a verification step's 1 + k rows and small decode batches.
+inline constexpr int kManyGemvRows = 64;
+
 class WeightMatrix {
  public:
   // What the values are stored as (never kAuto).

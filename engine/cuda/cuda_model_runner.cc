@@ -441,6 +441,7 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
                                              graph->shape.decode_table_stride)
                                   : PlanRows(batch, bs, config_.sliding_window);
   std::vector<int32_t> lm_rows = plan.sample_rows;
+  lm_rows.insert(lm_rows.end(), plan.verify_rows.begin(), plan.verify_rows.end());
   if (graph != nullptr) {  // a graph computes the logits of every row, padding included
     lm_rows.resize(graph->shape.rows);
     std::iota(lm_rows.begin(), lm_rows.end(), 0);
@@ -458,6 +459,7 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
   const size_t forward_inputs = Align(LayoutForward(config_, shape, 0).input_bytes);
   const size_t outputs_bytes = Align(LayoutSamplingOutputs(sampling, 0).bytes);
   const size_t logits_bytes = batch.return_logits ? size_t{sizeof(float)} * logit_rows * vocab : 0;
+  const size_t verify_bytes = size_t{sizeof(float)} * plan.verify_rows.size() * vocab;
   if (absl::Status s = Reserve(step_arena_, forward_bytes + sampling_size.total_bytes, "step");
       !s.ok()) {
     return s;
@@ -466,7 +468,8 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Reserve(host_out_, outputs_bytes + logits_bytes, "outputs"); !s.ok()) {
+  if (absl::Status s = Reserve(host_out_, outputs_bytes + logits_bytes + verify_bytes, "outputs");
+      !s.ok()) {
     return s;
   }
 
@@ -542,6 +545,12 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
                                                    cudaMemcpyDeviceToHost, stream));
     }
   }
+  if (verify_bytes > 0) {  // the rows after the sampling rows
+    PDSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host_out_.as<char>(outputs_bytes + logits_bytes),
+                        buffers.logits + static_cast<size_t>(logit_rows) * vocab, verify_bytes,
+                        cudaMemcpyDeviceToHost, stream));
+  }
   for (int l = 0; l < config_.num_layers; ++l) {
     PDSERVE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(handle.event(l)));
     handle.LayerDone(l);
@@ -550,6 +559,10 @@ absl::StatusOr<StepOutput> CudaModelRunner::RunStep(const StepBatch& batch, Hand
 
   StepOutput out;
   out.sampled.resize(batch.seqs.size());
+  if (verify_bytes > 0) {
+    const float* rows = host_out_.as<float>(outputs_bytes + logits_bytes);
+    out.verify_logits.assign(rows, rows + plan.verify_rows.size() * vocab);
+  }
   if (logit_rows == 0) return out;
   ReadSampled(batch, plan.sample_seqs, sampling,
               LayoutSamplingOutputs(sampling, reinterpret_cast<uintptr_t>(host_out_.get())),

@@ -50,7 +50,7 @@ ForwardShape ShapeOf(const engine::ModelConfig& config, const RowPlan& plan, int
   s.max_decode_context = plan.max_decode_context;
   s.prefill_table_entries = static_cast<int>(plan.prefill_tables.size());
   s.max_prefill_keys = plan.max_prefill_keys;
-  s.lm_rows = static_cast<int>(plan.sample_rows.size());
+  s.lm_rows = static_cast<int>(plan.sample_rows.size() + plan.verify_rows.size());
   s.query_chunk = query_chunk;
   const size_t per_query = size_t{6} * config.num_heads * std::max(plan.max_prefill_keys, 1);
   while (s.query_chunk > kMinQueryChunk && s.query_chunk * per_query > kPrefillWorkspaceBudget) {

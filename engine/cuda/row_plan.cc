@@ -89,6 +89,12 @@ RowPlan PlanRows(const engine::StepBatch& batch, int block_size, int sliding_win
     p.sample_rows.push_back(last_row[s]);
     p.sample_seqs.push_back(static_cast<int>(s));
   }
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    // A sequence's rows are consecutive (a decode row, or its prefill span).
+    for (int r = last_row[s] - batch.seqs[s].num_verify_rows + 1; r <= last_row[s]; ++r) {
+      p.verify_rows.push_back(r);
+    }
+  }
   return p;
 }
 

@@ -48,6 +48,9 @@ struct RowPlan {
   // logits are computed), and those sequences' batch indices.
   std::vector<int32_t> sample_rows;
   std::vector<int> sample_seqs;
+  // The rows whose logits verification returns (each verifying sequence's
+  // last num_verify_rows rows, in batch order): LM rows after sample_rows.
+  std::vector<int32_t> verify_rows;
 };
 
 // Plans `batch` (already validated). `pad_to_rows` > the decode row count

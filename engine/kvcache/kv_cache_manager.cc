@@ -97,6 +97,20 @@ absl::Status KvCacheManager::Reserve(SeqId seq, int num_tokens) {
   return absl::OkStatus();
 }
 
+absl::Status KvCacheManager::Truncate(SeqId seq, int num_tokens) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("Truncate: unknown sequence ", seq));
+  }
+  std::vector<int32_t>& table = it->second;
+  const size_t keep = static_cast<size_t>(BlocksForTokens(std::max(num_tokens, 0)));
+  while (table.size() > keep) {
+    Release(table.back());
+    table.pop_back();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheManager::Fork(SeqId src, SeqId dst) {
   auto it = tables_.find(src);
   if (it == tables_.end()) {

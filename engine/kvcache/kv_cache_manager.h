@@ -61,6 +61,12 @@ class KvCacheManager {
   absl::Status Allocate(SeqId seq, int num_tokens);
   // Grows `seq` so it holds at least `num_tokens` tokens.
   absl::Status Reserve(SeqId seq, int num_tokens);
+  // Rolls `seq` back to the blocks that hold its first `num_tokens` tokens
+  // (speculative decoding: the KV of rejected proposals). Blocks past them
+  // go back to the pool, last first; a block keeps a hash only if one was
+  // committed for it (its content stays valid), so the prefix cache never
+  // names the rejected tokens. NOT_FOUND for an unknown sequence.
+  absl::Status Truncate(SeqId seq, int num_tokens);
   // Makes `dst` share all blocks of `src` (reference counts go up).
   absl::Status Fork(SeqId src, SeqId dst);
   // Drops `seq`'s references; a block whose count reaches zero is free again

@@ -70,6 +70,12 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
         !st.ok()) {
       return st;
     }
+    if (seq.num_verify_rows < 0 || seq.num_verify_rows > n ||
+        (seq.num_verify_rows > 0 && seq.sampling != nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": num_verify_rows ",
+                                                     seq.num_verify_rows, " must be in [0, ", n,
+                                                     "] and 0 when the sequence samples"));
+    }
     if (seq.sampling != nullptr) {
       if (absl::Status st = ValidateSamplingParams(*seq.sampling, config.vocab_size); !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("step sequence ", s, ": ", st.message()));

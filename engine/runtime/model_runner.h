@@ -94,6 +94,12 @@ struct StepSequence {
   // What penalties and min_tokens read; the draw is step
   // history.generated.size() of the request (engine/runtime/sampler.h).
   TokenHistory history;
+  // Verification (speculative decoding): the step returns the raw logits of
+  // the last `num_verify_rows` positions of `tokens` in
+  // StepOutput::verify_logits, and the caller samples from them
+  // (engine/spec/rejection_sampler.h). 0: none. At most tokens.size(); a verifying
+  // sequence does not sample (sampling must be null).
+  int num_verify_rows = 0;
 };
 
 struct StepBatch {
@@ -110,6 +116,9 @@ struct StepOutput {
   // With return_logits: [number of sampling sequences, vocab_size], in
   // batch order of the sampling sequences.
   std::vector<float> logits;
+  // [sum of seqs[i].num_verify_rows, vocab_size]: each verifying sequence's
+  // rows, positions in order, sequences in batch order.
+  std::vector<float> verify_logits;
 };
 
 // Completion of one enqueued step. Every method may block. After a failed

@@ -189,13 +189,17 @@ absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt,
   return absl::OkStatus();
 }
 
-int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, int step) {
-  if (logits.empty()) return 0;
-  // Greedy for temperature 0, and for values validation would reject (NaN,
-  // negative), so an unvalidated caller still gets a token.
-  if (!(params.temperature > 0.0f)) return Argmax(logits);
+namespace {
+
+// The candidates a draw at temperature > 0 chooses from, with their
+// unnormalised probabilities, and their total; empty when every logit is
+// -inf or NaN. A view of thread-local storage, valid until the next call on
+// this thread.
+std::span<Candidate> KeptCandidates(std::span<const float> logits, const SamplingParams& params,
+                                    double& total_out) {
+  total_out = 0.0;
   const float max_logit = MaxLogit(logits);
-  if (max_logit == -std::numeric_limits<float>::infinity()) return 0;  // all -inf / NaN
+  if (max_logit == -std::numeric_limits<float>::infinity()) return {};  // all -inf / NaN
 
   // Scratch reused across calls on this thread: a 128k vocabulary would
   // otherwise cost a fresh 2 MiB allocation (and its page faults) per token.
@@ -283,7 +287,44 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     for (const Candidate& c : kept) total += c.value;
   }
 
-  return DrawInIdOrder(kept, UniformForStep(params.seed, step) * total, logits.size());
+  total_out = total;
+  return kept;
+}
+
+}  // namespace
+
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, int step) {
+  return SampleTokenWithUniform(logits, params, UniformForStep(params.seed, step));
+}
+
+int32_t SampleTokenWithUniform(std::span<const float> logits, const SamplingParams& params,
+                               double uniform) {
+  if (logits.empty()) return 0;
+  // Greedy for temperature 0, and for values validation would reject (NaN,
+  // negative), so an unvalidated caller still gets a token.
+  if (!(params.temperature > 0.0f)) return Argmax(logits);
+  double total = 0.0;
+  const std::span<Candidate> kept = KeptCandidates(logits, params, total);
+  if (kept.empty()) return 0;
+  return DrawInIdOrder(kept, uniform * total, logits.size());
+}
+
+void SamplingDistribution(std::span<const float> logits, const SamplingParams& params,
+                          std::vector<TokenProb>& out) {
+  out.clear();
+  if (logits.empty()) return;
+  if (!(params.temperature > 0.0f)) {
+    out.push_back({Argmax(logits), 1.0});
+    return;
+  }
+  double total = 0.0;
+  const std::span<Candidate> kept = KeptCandidates(logits, params, total);
+  if (kept.empty()) {
+    out.push_back({0, 1.0});
+    return;
+  }
+  std::ranges::sort(kept, {}, &Candidate::id);
+  for (const Candidate& c : kept) out.push_back({c.id, c.value / total});
 }
 
 void FillConstraintMask(const SamplingParams& params, const TokenHistory& history,
@@ -362,8 +403,13 @@ SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
   } else {
     out.token = SampleToken(logits, params, step);
   }
-  if (params.logprobs < 0 || logits.empty()) return out;
+  if (params.logprobs >= 0) FillLogprobs(logits, params.logprobs, out);
+  return out;
+}
 
+void FillLogprobs(std::span<const float> logits, int num_top, SampledToken& out) {
+  out.top.clear();
+  if (logits.empty()) return;
   // Log-softmax of the raw logits, in double; NaN counts as -inf.
   const float max_logit = MaxLogit(logits);
   double sum = 0.0;
@@ -379,7 +425,7 @@ SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
                   : -std::numeric_limits<float>::infinity();
   };
   out.logprob = logprob(out.token);
-  const size_t n = std::min<size_t>(static_cast<size_t>(params.logprobs), logits.size());
+  const size_t n = std::min<size_t>(static_cast<size_t>(std::max(num_top, 0)), logits.size());
   if (n > 0) {
     std::vector<int32_t> ids(n);
     const auto all = std::views::iota(int32_t{0}, static_cast<int32_t>(logits.size()));
@@ -389,7 +435,6 @@ SampledToken Sample(std::span<const float> logits, const SamplingParams& params,
     });
     for (int32_t id : ids) out.top.push_back({id, logprob(id)});
   }
-  return out;
 }
 
 }  // namespace pdserve::engine

@@ -34,6 +34,21 @@ absl::Status ValidateGenerationRequest(std::span<const int32_t> prompt,
 // are (no penalties): temperature, top-k, min-p, top-p.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, int step);
 
+// SampleToken with the uniform draw in [0, 1) given instead of taken from
+// (seed, step): the same pipeline and inverse-CDF walk in ascending id order.
+int32_t SampleTokenWithUniform(std::span<const float> logits, const SamplingParams& params,
+                               double uniform);
+
+// The distribution SampleToken draws from: the tokens it can return with
+// their probabilities (summing to 1 up to rounding), in ascending id order.
+// Greedy (temperature 0): the argmax with probability 1.
+struct TokenProb {
+  int32_t token = 0;
+  double prob = 0;
+};
+void SamplingDistribution(std::span<const float> logits, const SamplingParams& params,
+                          std::vector<TokenProb>& out);
+
 // Applies the penalties and the min_tokens mask to `logits` in place.
 // `eos_ids` are the model's end-of-sequence ids (masked unless ignore_eos).
 // Then the constraint's mask, if any (FillConstraintMask).
@@ -45,6 +60,10 @@ void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params
 // words). Needs params.constraint.
 void FillConstraintMask(const SamplingParams& params, const TokenHistory& history,
                         std::span<const int> eos_ids, int vocab, std::vector<uint32_t>& mask);
+
+// Sets out.logprob (of out.token) and out.top (the `num_top` most likely
+// tokens) from the raw `logits`, as Sample does when params.logprobs >= 0.
+void FillLogprobs(std::span<const float> logits, int num_top, SampledToken& out);
 
 // The whole pipeline for step history.generated.size(): processors, the draw,
 // and the log-probabilities. `scratch` is reused across calls.

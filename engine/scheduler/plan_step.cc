@@ -35,9 +35,26 @@ class Planner {
   // Rules 1 and 2.
   void PlanDecodes() {
     const std::vector<PlanSeq>& running = in_.running;
+    const auto decodes = [&](size_t i) {
+      const PlanSeq& s = running[i];
+      return !gone_[i] && s.ready && s.num_tokens > s.num_computed && !IsPromptWork(s);
+    };
+    const auto growth = [&](const PlanSeq& s) {
+      return std::max(0, BlocksFor(s.num_computed + 1) - s.num_blocks);
+    };
+    // Decodes not yet planned and the blocks they grow by: proposals take
+    // only budget and blocks none of them needs.
+    int decodes_left = 0, growth_left = 0;
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (!decodes(i)) continue;
+      ++decodes_left;
+      growth_left += growth(running[i]);
+    }
     for (size_t i = 0; i < running.size(); ++i) {
       const PlanSeq& s = running[i];
-      if (gone_[i] || !s.ready || s.num_tokens <= s.num_computed || IsPromptWork(s)) continue;
+      if (!decodes(i)) continue;
+      --decodes_left;
+      growth_left -= growth(s);
       if (budget_ <= 0) break;
       const int blocks = BlocksFor(s.num_computed + 1);
       if (in_.total_blocks > 0 && blocks > in_.total_blocks) {
@@ -54,7 +71,17 @@ class Planner {
         plan_.preempted.push_back(running[v].id);
       }
       if (need > free_) continue;  // waits for blocks: only sequences it cannot preempt hold them
-      Add(s, 1, need, /*admit=*/false);
+      // Proposals ride along where the budget and the free blocks allow.
+      int n = 1;
+      for (int extra = std::min(s.num_proposed, budget_ - 1 - decodes_left); extra > 0; --extra) {
+        const int more = std::max(0, BlocksFor(s.num_computed + 1 + extra) - s.num_blocks);
+        if (more <= free_ - growth_left &&
+            (in_.total_blocks <= 0 || BlocksFor(s.num_computed + 1 + extra) <= in_.total_blocks)) {
+          n = 1 + extra;
+          break;
+        }
+      }
+      Add(s, n, std::max(0, BlocksFor(s.num_computed + n) - s.num_blocks), /*admit=*/false);
     }
   }
 
@@ -135,7 +162,7 @@ class Planner {
                           .num_new_tokens = n,
                           .new_blocks = blocks,
                           .admit = admit,
-                          .samples = s.num_computed + n == s.num_tokens});
+                          .samples = s.num_computed + n >= s.num_tokens});
     plan_.num_tokens += n;
     plan_.new_blocks += blocks;
   }

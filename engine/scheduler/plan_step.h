@@ -11,7 +11,8 @@
 //
 // Rules, in order:
 // 1. Decode work first: every ready running sequence past its prompt gets its
-//    next token, oldest admission first.
+//    next token, oldest admission first, plus as many of its proposed tokens
+//    (speculative decoding) as the budget and the free blocks allow.
 // 2. A running sequence whose next token needs a block that is not free
 //    preempts the newest preemptable running sequences (not yet planned in
 //    this step) until it fits; if none is left it waits for blocks. A
@@ -59,11 +60,11 @@ struct PlanOptions {
 struct PlanSeq {
   SeqId id = 0;
   int prompt_len = 0;
-  int num_tokens = 0;    // known tokens; > num_computed when it has work
+  int num_tokens = 0;  // known tokens; > num_computed when it has work
   // Tokens whose K/V is in the cache; for a waiting sequence, the tokens of
   // its cached prefix (its computation starts there once admitted).
   int num_computed = 0;
-  int num_blocks = 0;    // blocks it holds (running sequences)
+  int num_blocks = 0;  // blocks it holds (running sequences)
   // Waiting sequences: tokens to reserve blocks for at admission, and the
   // blocks that takes from the free pool (fewer with a cached prefix).
   int reserve_tokens = 0;
@@ -76,6 +77,10 @@ struct PlanSeq {
   // (blocks it shares with others stay in use).
   bool preemptable = false;
   int free_on_preempt = 0;
+  // Running sequences: proposed tokens (speculative decoding) its decode
+  // verifies when the budget and free blocks allow; they never preempt
+  // anyone. num_new_tokens is then 1 + the proposals taken.
+  int num_proposed = 0;
 };
 
 struct PlanInput {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/rejection_sampler.h"
 
 namespace pdserve::engine {
 
@@ -196,6 +197,8 @@ void Scheduler::Preempt(SeqId id) {
   Sequence& seq = seqs_.at(id);
   kv_.Free(id);  // computed full blocks stay cached (evictable) with prefix caching
   seq.block_table.clear();
+  seq.proposal.clear();
+  seq.proposal_probs.clear();
   seq.num_computed = 0;
   seq.committed_blocks = 0;
   seq.reserve_tokens =
@@ -219,7 +222,42 @@ PlanSeq Scheduler::RunningPlanSeq(const Sequence& seq) const {
                  .num_blocks = static_cast<int>(seq.block_table.size()),
                  .ready = seq.state == State::kRunning && !seq.in_step && !seq.cancelled,
                  .preemptable = preemptable,
-                 .free_on_preempt = free_on_preempt};
+                 .free_on_preempt = free_on_preempt,
+                 .num_proposed = static_cast<int>(seq.proposal.size())};
+}
+
+bool Scheduler::IsDecoding(const Sequence& seq) const {
+  return seq.state == State::kRunning && !seq.in_step && !seq.cancelled &&
+         seq.num_computed >= seq.prompt_len &&
+         seq.num_computed + 1 == static_cast<int>(seq.tokens.size());
+}
+
+std::vector<SeqId> Scheduler::DecodingSequences() const {
+  std::vector<SeqId> ids;
+  for (SeqId id : admitted_) {
+    if (IsDecoding(seqs_.at(id))) ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::Status Scheduler::SetProposal(SeqId id, std::vector<int32_t> tokens,
+                                    std::vector<float> probs) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || !IsDecoding(it->second)) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is not decoding"));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("proposed token ", t, " out of range"));
+    }
+  }
+  if (!probs.empty() && probs.size() != tokens.size() * static_cast<size_t>(config_.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("proposal distributions of ", probs.size(),
+                                                   " values for ", tokens.size(), " tokens"));
+  }
+  it->second.proposal = std::move(tokens);
+  it->second.proposal_probs = std::move(probs);
+  return absl::OkStatus();
 }
 
 PlanSeq Scheduler::WaitingPlanSeq(Sequence& seq) {
@@ -337,8 +375,28 @@ ScheduledStep Scheduler::Schedule() {
       seq.block_table.assign(table.begin(), table.end());
     }
     const int num_tokens = static_cast<int>(seq.tokens.size());
-    const int n = std::min(p.num_new_tokens, num_tokens - seq.num_computed);
     seq.in_step = true;
+    if (!p.admit && p.num_new_tokens > 1 && !seq.proposal.empty() &&
+        seq.num_computed + 1 == num_tokens) {
+      // A decode that verifies proposals: the newest token, then them.
+      const int proposed = p.num_new_tokens - 1;
+      seq.step_tokens.assign(1, seq.tokens.back());
+      seq.step_tokens.insert(seq.step_tokens.end(), seq.proposal.begin(),
+                             seq.proposal.begin() + proposed);
+      step.ids.push_back(p.id);
+      step.admitted.push_back(false);
+      step.num_new_tokens.push_back(p.num_new_tokens);
+      step.num_proposed.push_back(proposed);
+      step.batch.seqs.push_back({.tokens = seq.step_tokens,
+                                 .num_cached = seq.num_computed,
+                                 .block_table = seq.block_table,
+                                 .num_verify_rows = p.num_new_tokens});
+      step.num_tokens += p.num_new_tokens;
+      continue;
+    }
+    seq.proposal.clear();
+    seq.proposal_probs.clear();
+    const int n = std::min(p.num_new_tokens, num_tokens - seq.num_computed);
     const std::span<const int32_t> all(seq.tokens);
     StepSequence s{.tokens = all.subspan(seq.num_computed, n),
                    .num_cached = seq.num_computed,
@@ -351,6 +409,7 @@ ScheduledStep Scheduler::Schedule() {
     step.ids.push_back(p.id);
     step.admitted.push_back(p.admit);
     step.num_new_tokens.push_back(n);
+    step.num_proposed.push_back(0);
     step.batch.seqs.push_back(s);
     step.num_tokens += n;
   }
@@ -361,6 +420,7 @@ std::vector<SequenceUpdate> Scheduler::Complete(ScheduledStep& step,
                                                 const absl::StatusOr<StepOutput>& result) {
   std::vector<SequenceUpdate> updates;
   updates.reserve(step.ids.size());
+  size_t verify_row = 0;  // next row of result->verify_logits
   for (size_t i = 0; i < step.ids.size(); ++i) {
     const SeqId id = step.ids[i];
     Sequence& seq = seqs_.at(id);
@@ -373,6 +433,16 @@ std::vector<SequenceUpdate> Scheduler::Complete(ScheduledStep& step,
       FreeSequence(id);
       u.error = result.status();
       u.freed = true;
+    } else if (step.num_proposed[i] > 0) {
+      const size_t rows = static_cast<size_t>(step.num_proposed[i]) + 1;
+      if (result->verify_logits.size() < (verify_row + rows) * config_.vocab_size) {
+        FreeSequence(id);
+        u.error = absl::InternalError("the runner returned no verification logits");
+        u.freed = true;
+      } else {
+        CompleteVerification(seq, step.num_proposed[i], *result, verify_row, u);
+      }
+      verify_row += rows;
     } else {
       seq.num_computed += step.num_new_tokens[i];
       CommitComputed(seq);
@@ -396,6 +466,50 @@ std::vector<SequenceUpdate> Scheduler::Complete(ScheduledStep& step,
   }
   step = ScheduledStep{};  // its spans may dangle from here on
   return updates;
+}
+
+void Scheduler::CompleteVerification(Sequence& seq, int num_proposed, const StepOutput& result,
+                                     size_t row, SequenceUpdate& u) {
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const std::span<const int32_t> all(seq.tokens);
+  thread_local spec::VerifyScratch scratch;
+  const std::span<const float> probs(seq.proposal_probs);
+  const spec::VerifyResult verified = spec::VerifyProposals(
+      {.logits = std::span<const float>(result.verify_logits)
+                     .subspan(row * vocab, (static_cast<size_t>(num_proposed) + 1) * vocab),
+       .proposals = std::span<const int32_t>(seq.proposal).first(num_proposed),
+       .proposal_probs = probs.empty() ? probs : probs.first(num_proposed * vocab),
+       .sampling = &seq.sampling,
+       .history = {.prompt = all.first(seq.prompt_len), .generated = all.subspan(seq.prompt_len)},
+       .eos_ids = config_.eos_token_ids},
+      scratch);
+  seq.proposal.clear();
+  seq.proposal_probs.clear();
+  u.num_proposed = num_proposed;
+  u.num_accepted = verified.num_accepted;
+  // The newest token and the standing proposals are computed; the KV of the
+  // rejected ones is not, and the blocks taken only for them go back.
+  seq.num_computed += 1 + verified.num_accepted;
+  for (const SampledToken& token : verified.tokens) {
+    seq.tokens.push_back(token.token);
+    if (!u.token.has_value()) {
+      u.token = token;
+    } else {
+      u.more_tokens.push_back(token);
+    }
+    u.finish = CheckFinish(config_, seq.sampling, token.token, seq.num_generated(),
+                           static_cast<int>(seq.tokens.size()));
+    if (u.finish != FinishReason::kNone) break;
+  }
+  if (u.finish != FinishReason::kNone) {
+    FreeSequence(seq.id);
+    u.freed = true;
+    return;
+  }
+  (void)kv_.Truncate(seq.id, std::max(static_cast<int>(seq.tokens.size()), seq.reserve_tokens));
+  const std::span<const int32_t> table = kv_.BlockTable(seq.id);
+  seq.block_table.assign(table.begin(), table.end());
+  CommitComputed(seq);
 }
 
 }  // namespace pdserve::engine

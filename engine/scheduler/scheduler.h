@@ -79,6 +79,12 @@ struct SequenceUpdate {
   SeqId id = 0;
   // A sampled token (the first one for a prompt), when the step sampled.
   std::optional<SampledToken> token;
+  // Speculative decoding: the tokens after `token` the step produced (its
+  // standing proposals and the token drawn after them), and how many
+  // proposals it verified and kept. A finish stops the list at its token.
+  std::vector<SampledToken> more_tokens;
+  int num_proposed = 0;
+  int num_accepted = 0;
   // kNone while the sequence goes on.
   FinishReason finish = FinishReason::kNone;
   // Non-OK: the step failed for this sequence; it has been freed.
@@ -94,6 +100,7 @@ struct ScheduledStep {
   std::vector<SeqId> ids;           // batch order
   std::vector<bool> admitted;       // came from the waiting queue in this step
   std::vector<int> num_new_tokens;  // per sequence
+  std::vector<int> num_proposed;    // per sequence: proposals verified (0: a plain step)
   StepBatch batch;                  // spans into the scheduler's sequences
   int num_tokens = 0;               // new tokens of the step
   bool prompt_work = false;         // some sequence computes more than its newest token
@@ -130,6 +137,13 @@ class Scheduler {
     std::vector<BlockHash> block_hashes;
     int committed_blocks = 0;
     int cached_when_added = 0;
+    // Speculative decoding: tokens proposed to follow `tokens` (and the
+    // distributions they were drawn from, [proposal.size(), vocab], or empty
+    // for deterministic ones), verified by its next decode; and that step's
+    // tokens (the newest, then the proposals), which the batch points into.
+    std::vector<int32_t> proposal;
+    std::vector<float> proposal_probs;
+    std::vector<int32_t> step_tokens;
 
     int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
   };
@@ -165,6 +179,19 @@ class Scheduler {
   // or unknown.
   bool Cancel(SeqId id);
 
+  // Speculative decoding: the running sequences whose next step is a decode
+  // (past the prompt, only the newest token uncomputed, not in a step), in
+  // admission order.
+  std::vector<SeqId> DecodingSequences() const;
+  // Gives a decoding sequence tokens proposed to follow it (and, when they
+  // were drawn from a distribution, that distribution: [tokens.size(),
+  // vocab]). Its next decode verifies as many of them as the budget and the
+  // free blocks allow (engine/spec/rejection_sampler.h) and Complete returns
+  // the tokens that stand plus the one after them; the KV of the rejected
+  // ones is rolled back. FAILED_PRECONDITION when the sequence is not
+  // decoding; INVALID_ARGUMENT for out-of-range tokens or a bad size.
+  absl::Status SetProposal(SeqId id, std::vector<int32_t> tokens, std::vector<float> probs = {});
+
   // Caps the new tokens of the steps planned from now on below the options'
   // max_batch_tokens (a step bounded in time on a slow device); 0 lifts it.
   void set_step_token_limit(int tokens) { step_token_limit_ = tokens; }
@@ -176,6 +203,7 @@ class Scheduler {
 
   const Sequence* Find(SeqId id) const;
   const KvCacheManager& kv() const { return kv_; }
+  const ModelConfig& config() const { return config_; }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return num_in_state_[static_cast<int>(State::kRunning)]; }
   int num_awaiting_kv() const { return num_in_state_[static_cast<int>(State::kAwaitingKv)]; }
@@ -206,6 +234,11 @@ class Scheduler {
   std::span<const BlockHash> LookupHashes(Sequence& seq);
   void EnsureHashes(Sequence& seq, int num_blocks);
   void CommitComputed(Sequence& seq);
+  bool IsDecoding(const Sequence& seq) const;
+  // Complete's part for a sequence that verified `num_proposed` proposals
+  // with the rows of result.verify_logits from `row` on.
+  void CompleteVerification(Sequence& seq, int num_proposed, const StepOutput& result, size_t row,
+                            SequenceUpdate& u);
 
   const SchedulerOptions options_;
   int step_token_limit_ = 0;

@@ -4,6 +4,10 @@
 // window. All derive from testing_models::TinyGqaConfig (4 heads, 2 KV heads).
 #pragma once
 
+#include <ostream>
+#include <string>
+#include <vector>
+
 #include "engine/model/config.h"
 #include "tests/unit/engine/tiny_models.h"
 
@@ -52,6 +56,24 @@ inline ModelConfig TinyMistralWindowConfig() {
   c.architecture = "MistralForCausalLM";
   c.sliding_window = 5;
   return c;
+}
+
+// Every architecture the engine serves, each with the checkpoint dtype its
+// tests write, for suites that run on all of them.
+struct ArchCase {
+  std::string name;
+  ModelConfig config;
+  std::string dtype;
+};
+inline void PrintTo(const ArchCase& c, std::ostream* os) { *os << c.name; }
+inline std::vector<ArchCase> AllArchCases() {
+  return {{"gqa_untied_f32", TinyGqaConfig(), "f32"},
+          {"mha_tied_bf16", TinyTiedConfig(), "bf16"},
+          {"qwen2_bias", TinyQwen2Config(), "f32"},
+          {"qwen3_qk_norm_f16", TinyQwen3Config(), "f16"},
+          {"llama3_rope", TinyLlama3RopeConfig(), "f32"},
+          {"llama_attention_bias", TinyLlamaAttentionBiasConfig(), "bf16"},
+          {"mistral_window", TinyMistralWindowConfig(), "f32"}};
 }
 
 }  // namespace pdserve::engine::testing_models

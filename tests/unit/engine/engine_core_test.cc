@@ -114,10 +114,11 @@ class ScriptedRunner final : public ModelRunner {
   int fail_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Records what the core asks of a role, in order: "plan 1,2", "preempt 2",
-// "token 1", "finish 1", "cancelled 1", "error 1", "deliver".
+// Records what the core asks of a role, in order: "before plan", "plan 1,2",
+// "preempt 2", "token 1", "finish 1", "cancelled 1", "error 1", "deliver".
 class RecordingPolicy final : public EnginePolicy {
  public:
+  void BeforePlan() override { Log("before plan"); }
   void OnPlanned(const ScheduledStep& step, double) override {
     for (SeqId id : step.preempted) Log(absl::StrCat("preempt ", id));
     for (const auto& [id, why] : step.failed) Log(absl::StrCat("failed ", id));
@@ -249,6 +250,22 @@ const std::vector<Case>& Cases() {
              ASSERT_TRUE(h.policy.WaitFor("token 1"));
            },
        .ordered = {"plan 1", "token 1", "deliver"}},
+
+      {.name = "BeforePlanRunsBeforeEveryPlan",
+       // The hook a role gives the scheduler its input with (the decode
+       // role's speculative proposals): once before each Schedule().
+       .scheduler = Colocated(0),
+       .script =
+           [](Harness& h) {
+             h.runner.Allow(100);
+             h.AddPrompt(1, 8, 3);
+             ASSERT_TRUE(h.policy.WaitFor("finish 1"));
+             ASSERT_TRUE(h.WaitIdle());
+             EXPECT_EQ(static_cast<uint64_t>(h.policy.Count("before plan")),
+                       h.core.wake_stats().plans);
+           },
+       .ordered = {"before plan", "plan 1", "token 1", "before plan", "plan 1", "token 1",
+                   "before plan", "plan 1", "finish 1", "before plan"}},
 
       {.name = "BlocksFreedWakeAPromptWaitingForThem",
        // 4 blocks of 4: prompt 1 holds all of them until its KV is read

@@ -213,12 +213,7 @@ std::vector<int32_t> Tokens(int n, int vocab, int salt) {
 
 constexpr double kTol = 1e-3;
 
-struct ModelCase {
-  std::string name;
-  ModelConfig config;
-  std::string dtype;
-};
-void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
+using ModelCase = testing_models::ArchCase;
 
 class ForwardTest : public testing::TestWithParam<ModelCase> {
  protected:
@@ -577,17 +572,8 @@ TEST(SlidingWindowTest, WindowCutsInOnlyBeyondItsLength) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, ForwardTest,
-    testing::Values(ModelCase{"gqa_untied_f32", testing_models::TinyGqaConfig(), "f32"},
-                    ModelCase{"mha_tied_bf16", testing_models::TinyTiedConfig(), "bf16"},
-                    ModelCase{"qwen2_bias", testing_models::TinyQwen2Config(), "f32"},
-                    ModelCase{"qwen3_qk_norm_f16", testing_models::TinyQwen3Config(), "f16"},
-                    ModelCase{"llama3_rope", testing_models::TinyLlama3RopeConfig(), "f32"},
-                    ModelCase{"llama_attention_bias",
-                              testing_models::TinyLlamaAttentionBiasConfig(), "bf16"},
-                    ModelCase{"mistral_window", testing_models::TinyMistralWindowConfig(), "f32"}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Models, ForwardTest, testing::ValuesIn(testing_models::AllArchCases()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace pdserve::engine

@@ -195,6 +195,49 @@ TEST_P(RunnerTest, MixedBatchEqualsItsSequencesAlone) {
   EXPECT_LT(RelDiff(all.subspan(2 * v, v), LogitsOf(*alone, c, 0, t)), tolerance_);
 }
 
+// Verification rows (speculative decoding): a step over a cached prefix plus
+// four new tokens returns the logits of its last rows, each what the
+// prefix up to that row gives alone, beside a plain sampling sequence and a
+// one-token verification, in batch order.
+TEST_P(RunnerTest, VerifyRowsAreEachPositionsLogits) {
+  const std::vector<int32_t> a = Tokens(12, config_.vocab_size, 6),
+                             c = Tokens(5, config_.vocab_size, 8);
+  const std::vector<int32_t> ta = Iota(3, 0), tb = Iota(2, 3), tc = Iota(2, 5);
+  ASSERT_TRUE(
+      runner_
+          ->Step({.seqs = {{.tokens = std::span<const int32_t>(a).first(8), .block_table = ta},
+                           {.tokens = std::span<const int32_t>(c).first(4), .block_table = tc}}})
+          .ok());
+  const std::vector<int32_t> b = Tokens(6, config_.vocab_size, 7);
+  StepBatch batch;
+  batch.return_logits = true;
+  batch.seqs = {{.tokens = std::span<const int32_t>(a).subspan(8),
+                 .num_cached = 8,
+                 .block_table = ta,
+                 .num_verify_rows = 3},
+                {.tokens = b, .block_table = tb, .sampling = &kGreedy},
+                {.tokens = std::span<const int32_t>(c).subspan(4),
+                 .num_cached = 4,
+                 .block_table = tc,
+                 .num_verify_rows = 1}};
+  absl::StatusOr<StepOutput> out = runner_->Step(std::move(batch));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const int v = config_.vocab_size;
+  ASSERT_EQ(out->logits.size(), static_cast<size_t>(v));  // the sampling sequence's only
+  ASSERT_EQ(out->verify_logits.size(), 4u * v);
+  std::unique_ptr<ModelRunner> alone = NewRunner(GetParam());
+  const std::vector<int32_t> t = Iota(4, 10);
+  const std::span<const float> rows(out->verify_logits);
+  for (int j = 0; j < 3; ++j) {  // positions 9, 10, 11 of a
+    EXPECT_LT(RelDiff(rows.subspan(j * v, v),
+                      LogitsOf(*alone, std::span<const int32_t>(a).first(10 + j), 0, t)),
+              tolerance_)
+        << "row " << j;
+  }
+  EXPECT_LT(RelDiff(rows.subspan(3 * v, v), LogitsOf(*alone, c, 0, t)), tolerance_);
+  EXPECT_LT(RelDiff(out->logits, LogitsOf(*alone, b, 0, t)), tolerance_);
+}
+
 TEST_P(RunnerTest, StepsRunInEnqueueOrderAndEachLayerIsSignalledWithItsKv) {
   const std::vector<int32_t> prompt = Tokens(9, config_.vocab_size, 5);
   const std::vector<int32_t> table = Iota(3, 4);
@@ -369,6 +412,14 @@ TEST_P(RunnerTest, BadBatchesAreRefusedNamingTheSequence) {
   negative.temperature = -1;
   EXPECT_EQ(code_of({.seqs = {good, {.tokens = ok, .block_table = table, .sampling = &negative}}}),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of({.seqs = {good, {.tokens = ok, .block_table = table, .num_verify_rows = 4}}}),
+            absl::StatusCode::kInvalidArgument);  // more rows than tokens
+  EXPECT_EQ(code_of({.seqs = {good,
+                              {.tokens = ok,
+                               .block_table = table,
+                               .sampling = &kGreedy,
+                               .num_verify_rows = 1}}}),
+            absl::StatusCode::kInvalidArgument);  // verifies and samples
   // An empty batch completes at once; the runner still works afterwards.
   EXPECT_TRUE(runner_->Step({}).ok());
   EXPECT_TRUE(runner_->Step({.seqs = {good}}).ok());

@@ -65,6 +65,37 @@ TEST(GemvTest, F32AndBf16MatchTheExactProductOnEveryIsa) {
   }
 }
 
+// Several vectors at once give each vector's single-vector GEMV bit for bit
+// (a sequence's numbers do not depend on what shares its step), on every ISA.
+TEST(GemvTest, ManyVectorsGiveEachVectorsGemvExactly) {
+  uint32_t seed = 90;
+  for (int m : {2, 3, 4, 5, 8, 13}) {
+    for (int n : {1, 17}) {
+      for (int k : {7, 32, 33, 100, 777}) {
+        const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+        const std::vector<float> x = Normal(int64_t{m} * k, ++seed);
+        const std::vector<uint16_t> w16 = ToBf16(w.data(), int64_t{n} * k);
+        for (Isa isa : IsasHere()) {
+          std::vector<float> many32(int64_t{m} * n), many16(int64_t{m} * n);
+          GemvManyF32(w.data(), x.data(), m, many32.data(), n, n, k, isa);
+          GemvManyBf16(w16.data(), x.data(), m, many16.data(), n, n, k, isa);
+          for (int v = 0; v < m; ++v) {
+            std::vector<float> one32(n), one16(n);
+            GemvF32(w.data(), x.data() + int64_t{v} * k, one32.data(), n, k, isa);
+            GemvBf16(w16.data(), x.data() + int64_t{v} * k, one16.data(), n, k, isa);
+            for (int r = 0; r < n; ++r) {
+              ASSERT_EQ(many32[int64_t{v} * n + r], one32[r])
+                  << IsaName(isa) << " f32 m " << m << " " << n << "x" << k << " vector " << v;
+              ASSERT_EQ(many16[int64_t{v} * n + r], one16[r])
+                  << IsaName(isa) << " bf16 m " << m << " " << n << "x" << k << " vector " << v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Rows quantized by QuantizeInt8, and their values back in fp32.
 struct QuantizedRows {
   std::vector<int8_t> q;

@@ -9,6 +9,7 @@
 #include "decode_worker/decode_engine.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/generator.h"
+#include "engine/spec/spec_factory.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
@@ -636,6 +637,53 @@ TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCaching, PreemptionTest, ::testing::Bool());
+
+// Speculative decoding (n-gram proposals) in the decode worker, in a cache
+// small enough to preempt: the streams carry exactly the tokens of one
+// process without speculation, greedy or seeded, and the metrics count what
+// was proposed and kept.
+class SpeculativeDecodeTest : public DisaggregatedEnginesTest,
+                              public ::testing::WithParamInterface<float> {};
+
+TEST_P(SpeculativeDecodeTest, StreamsAreTheTokensOfPlainDecoding) {
+  auto small_runner = Runner(model_, 15);
+  auto small_receiver =
+      kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
+  ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
+  auto spec = engine::spec::CreateSpecDecoder(
+      {.method = engine::spec::SpecMethod::kNgram, .num_speculative_tokens = 4}, *small_runner);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto decode = std::make_unique<decode::DecodeEngine>(
+      decode::DecodeEngineOptions{
+          .max_running = 8, .kv_headroom_tokens = 8, .recompute_chunk_tokens = 24},
+      small_runner.get(), small_receiver->get(), &decode_metrics_, *std::move(spec));
+  auto prefill = MakePrefill(prefill_runner_.get());
+  engine::SamplingParams params{
+      .temperature = GetParam(), .seed = 5, .max_tokens = 60, .ignore_eos = true};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int r = 0; r < 5; ++r) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 24; ++t) p.push_back((t % 6 * 17 + r * 29 + 3) % 250);  // repeats
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> got =
+      RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
+  ASSERT_EQ(got.size(), prompts.size());
+  auto reference = Runner(model_, 16);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], engine::GenerateLocally(*reference, prompts[i], params)->tokens) << i;
+  }
+  EXPECT_GT(decode_metrics_.preemptions.Value(), 0) << "the workload must preempt";
+  EXPECT_GT(decode_metrics_.spec.proposed_tokens.Value(), 0);
+  EXPECT_GT(decode_metrics_.spec.accepted_tokens.Value(), 0);
+  EXPECT_EQ(decode_metrics_.spec.acceptance_length.Collect().histogram.sample_count,
+            decode_metrics_.spec.verifications.Value());
+  // Every generated token counted once, however many a step brought.
+  EXPECT_EQ(decode_metrics_.generation_tokens.Value(), prompts.size() * 59.0);
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+INSTANTIATE_TEST_SUITE_P(Temperature, SpeculativeDecodeTest, ::testing::Values(0.0f, 0.1f));
 
 // A prompt that waits for blocks KV sends hold starts as soon as a send is
 // done and frees them (the loop is woken by the release), never at a later

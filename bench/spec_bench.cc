@@ -1,0 +1,277 @@
+// pdserve_spec_bench: decode speed with and without speculative decoding,
+// side by side in one run, on the decode worker's engine path (the
+// scheduler, the runner and engine/spec's SpecDecoder; no transport).
+//
+//   pdserve_spec_bench [--model_dir=tools/demo_model]
+//       [--draft_model_dir=tools/demo_model/draft] [--methods=off,ngram,draft]
+//       [--workloads=copy,verse,sampled] [--batches=1,8] [--k=4] [--rounds=3]
+//       [--max_tokens=64] [--threads=0]
+//
+// Workloads over eight paragraphs of the demo model's training text (public
+// domain, tools/demo_model/README.md):
+//   copy     the whole paragraph, a blank line, then its first words: the
+//            model continues the paragraph, which the prompt holds (what
+//            summaries and edits look like to n-gram lookup)
+//   verse    the first words alone: greedy continuation of the verse
+//   sampled  the first words, temperature 1.5 and seeded: poor proposals
+//            (back-off is what keeps the cost low)
+// Batch 1 runs the eight requests one after the other (a single stream);
+// batch 8 runs them together. Methods are alternated within each round (the
+// order rotates per round) and the median of the rounds is printed, by wall
+// time and by the process's CPU time (which other load on a shared machine
+// disturbs far less), with the load average before and after. Tokens/s
+// counts tokens of decode steps only (after each prompt's first token);
+// greedy output is checked identical across methods.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "engine/runner_factory.h"
+#include "engine/scheduler/scheduler.h"
+#include "engine/spec/spec_factory.h"
+#include "text/tokenizer_loader.h"
+
+ABSL_FLAG(std::string, model_dir, "tools/demo_model", "Target model");
+ABSL_FLAG(std::string, draft_model_dir, "tools/demo_model/draft", "Draft model (method draft)");
+ABSL_FLAG(std::string, methods, "off,ngram,draft", "Methods to compare: off, ngram, draft");
+ABSL_FLAG(std::string, workloads, "copy,verse,sampled", "copy, verse, sampled");
+ABSL_FLAG(std::string, batches, "1,8", "Batch sizes");
+ABSL_FLAG(int, k, 4, "--num_speculative_tokens");
+ABSL_FLAG(int, max_batch, 4, "--speculative_max_batch (0: no limit)");
+ABSL_FLAG(int, rounds, 3, "Rounds; each runs every method once");
+ABSL_FLAG(int, max_tokens, 64, "Tokens per request at most");
+ABSL_FLAG(int, threads, 0, "Runner threads (0: all cores)");
+
+namespace pdserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Eight paragraphs of F. Max Mueller's 1881 translation of the Dhammapada.
+constexpr const char* kParagraphs[] = {
+    "All that we are is the result of what we have thought: it is founded on our thoughts, it is "
+    "made up of our thoughts. If a man speaks or acts with an evil thought, pain follows him, as "
+    "the wheel follows the foot of the ox that draws the carriage. 1",
+    "He who lives without looking for pleasures, his senses well controlled, moderate in his food, "
+    "faithful and strong, him Mara will certainly not overthrow, any more than the wind throws "
+    "down a rocky mountain. 8",
+    "The thoughtless man, even if he can recite a large portion (of the law), but is not a doer of "
+    "it, has no share in the priesthood, but is like a cowherd counting the cows of others. 19",
+    "As many kinds of wreaths can be made from a heap of flowers, so many good things may be "
+    "achieved by a mortal when once he is born. 53",
+    "\"One is the road that leads to wealth, another the road that leads to Nirvana;\" if the "
+    "Bhikshu, the disciple of Buddha, has learnt this, he will not yearn for honour, he will "
+    "strive after separation from the world. 75",
+    "Even though a Gatha (poem) be a thousand (of words), but made up of senseless words, one "
+    "word of a Gatha is better, which if a man hears, he becomes quiet. 101",
+    "Self is the lord of self, who else could be the lord? With self well subdued, a man finds a "
+    "lord such as few can find. 160",
+    "He who does not rouse himself when it is time to rise, who, though young and strong, is full "
+    "of sloth, whose will and thought are weak, that lazy and idle man will never find the way to "
+    "knowledge. 280",
+};
+
+// The first `n` words of `text`.
+std::string FirstWords(const std::string& text, int n) {
+  size_t at = 0;
+  for (int i = 0; i < n && at != std::string::npos; ++i) at = text.find(' ', at + 1);
+  return at == std::string::npos ? text : text.substr(0, at);
+}
+
+struct Request {
+  std::vector<int32_t> prompt;
+  engine::SamplingParams sampling;
+};
+
+struct Run {
+  double seconds = 0;      // decode steps, wall
+  double cpu_seconds = 0;  // decode steps, the process's CPU time
+  int64_t tokens = 0;      // tokens of decode steps
+  int64_t proposed = 0, accepted = 0, verifications = 0;
+  std::map<engine::SeqId, std::vector<int32_t>> outputs;
+};
+
+double CpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// Runs `requests` to completion, `batch` at a time (ids from `first_id`).
+void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests, size_t first,
+              size_t count, engine::spec::SpecDecoder* spec, Run& run) {
+  engine::Scheduler scheduler(
+      {.role = engine::SchedulerRole::kColocated,
+       .plan = {.max_num_seqs = static_cast<int>(count), .max_batch_tokens = 4096},
+       .kv_headroom_tokens = 32},
+      runner.config(), runner.num_kv_blocks(), runner.kv_block_size());
+  for (size_t i = first; i < first + count; ++i) {
+    (void)scheduler.AddPrompt(i + 1, requests[i].prompt, requests[i].sampling);
+  }
+  size_t done = 0;
+  while (done < count) {
+    const auto start = Clock::now();
+    const double cpu_start = CpuSeconds();
+    if (spec != nullptr) (void)spec->ProposeFor(scheduler);
+    engine::ScheduledStep step = scheduler.Schedule();
+    if (step.empty()) {
+      std::fprintf(stderr, "nothing to run\n");
+      std::exit(1);
+    }
+    const bool decode = !step.prompt_work;
+    const absl::StatusOr<engine::StepOutput> out = runner.Step(step.batch);
+    if (!out.ok()) {
+      std::fprintf(stderr, "step failed: %s\n", out.status().ToString().c_str());
+      std::exit(1);
+    }
+    const std::vector<engine::SequenceUpdate> updates = scheduler.Complete(step, out);
+    int64_t tokens = 0;
+    for (const engine::SequenceUpdate& u : updates) {
+      if (!u.token.has_value()) continue;
+      std::vector<int32_t>& o = run.outputs[u.id];
+      o.push_back(u.token->token);
+      for (const engine::SampledToken& t : u.more_tokens) o.push_back(t.token);
+      tokens += 1 + static_cast<int64_t>(u.more_tokens.size());
+      done += u.finish != engine::FinishReason::kNone;
+    }
+    if (spec != nullptr) {
+      const engine::spec::SpecStepStats stats = spec->Observe(updates);
+      run.proposed += stats.proposed;
+      run.accepted += stats.accepted;
+      run.verifications += stats.verifications;
+    }
+    if (decode) {
+      run.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      run.cpu_seconds += CpuSeconds() - cpu_start;
+      run.tokens += tokens;
+    }
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int Main() {
+  engine::RunnerOptions options{.model_dir = absl::GetFlag(FLAGS_model_dir),
+                                .kv_block_size = 16,
+                                .num_kv_blocks = 512,
+                                .num_threads = absl::GetFlag(FLAGS_threads)};
+  auto runner = engine::CreateModelRunner(options);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  auto tokenizer = text::LoadTokenizer(options.model_dir);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "%s\n", tokenizer.status().ToString().c_str());
+    return 1;
+  }
+  const int32_t bos = (*runner)->config().bos_token_id;
+  const std::vector<std::string> methods = absl::StrSplit(absl::GetFlag(FLAGS_methods), ',');
+  const std::vector<std::string> workloads = absl::StrSplit(absl::GetFlag(FLAGS_workloads), ',');
+  std::vector<int> batches;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    batches.push_back(std::stoi(std::string(b)));
+  }
+  const std::string load_before = LoadAverage();
+  std::printf("model %s, draft %s, k %d, max_batch %d, %d rounds, max_tokens %d, threads %d\n",
+              options.model_dir.c_str(), absl::GetFlag(FLAGS_draft_model_dir).c_str(),
+              absl::GetFlag(FLAGS_k), absl::GetFlag(FLAGS_max_batch), absl::GetFlag(FLAGS_rounds),
+              absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_threads));
+  std::printf("load average before: %s\n", load_before.c_str());
+  std::printf("%-8s %5s %-6s %10s %10s %8s %8s %10s %10s %9s\n", "workload", "batch", "method",
+              "tok/s", "cpu tok/s", "x wall", "x cpu", "accepted", "tok/verif", "identical");
+
+  for (const std::string& workload : workloads) {
+    std::vector<Request> requests;
+    for (int i = 0; i < 8; ++i) {
+      const std::string para = kParagraphs[i];
+      const std::string opening = FirstWords(para, 8);
+      Request r;
+      r.prompt.push_back(bos);
+      const std::string text = workload == "copy" ? para + "\n\n" + opening : opening;
+      const std::vector<int32_t> ids = (*tokenizer)->Encode(text);
+      r.prompt.insert(r.prompt.end(), ids.begin(), ids.end());
+      r.sampling.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+      if (workload == "sampled") {
+        r.sampling.temperature = 1.5f;
+        r.sampling.seed = 100 + i;
+      }
+      requests.push_back(std::move(r));
+    }
+    for (int batch : batches) {
+      std::map<std::string, std::vector<double>> wall, cpu;
+      std::map<std::string, Run> last;
+      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        for (size_t m = 0; m < methods.size(); ++m) {
+          const std::string& method = methods[(m + round) % methods.size()];
+          absl::StatusOr<engine::spec::SpecMethod> parsed = engine::spec::ParseSpecMethod(method);
+          if (!parsed.ok()) {
+            std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+            return 2;
+          }
+          auto spec = engine::spec::CreateSpecDecoder(
+              {.method = *parsed,
+               .num_speculative_tokens = absl::GetFlag(FLAGS_k),
+               .max_batch = absl::GetFlag(FLAGS_max_batch),
+               .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),
+               .num_threads = absl::GetFlag(FLAGS_threads)},
+              **runner);
+          if (!spec.ok()) {
+            std::fprintf(stderr, "%s: %s\n", method.c_str(), spec.status().ToString().c_str());
+            return 1;
+          }
+          Run run;
+          for (size_t first = 0; first < requests.size(); first += batch) {
+            RunBatch(**runner, requests, first, std::min<size_t>(batch, requests.size() - first),
+                     spec->get(), run);
+          }
+          wall[method].push_back(run.tokens / run.seconds);
+          cpu[method].push_back(run.tokens / run.cpu_seconds);
+          last[method] = std::move(run);
+        }
+      }
+      const double base_wall = Median(wall[methods[0]]), base_cpu = Median(cpu[methods[0]]);
+      for (const std::string& method : methods) {
+        const Run& r = last[method];
+        const bool identical = workload == "sampled" || r.outputs == last[methods[0]].outputs;
+        std::printf(
+            "%-8s %5d %-6s %10.1f %10.1f %8.2f %8.2f %9.1f%% %10.2f %9s\n", workload.c_str(), batch,
+            method.c_str(), Median(wall[method]), Median(cpu[method]),
+            Median(wall[method]) / base_wall, Median(cpu[method]) / base_cpu,
+            r.proposed > 0 ? 100.0 * r.accepted / r.proposed : 0.0,
+            r.verifications > 0 ? 1.0 + static_cast<double>(r.accepted) / r.verifications : 0.0,
+            identical ? "yes" : "NO");
+      }
+      std::fflush(stdout);
+    }
+  }
+  std::printf("load average after: %s\n", LoadAverage().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return pdserve::Main();
+}

@@ -1,0 +1,96 @@
+// Speculative decoding around the scheduler's steps: before each step a
+// Proposer proposes up to k tokens for every decoding sequence
+// (Scheduler::SetProposal); the step verifies them in one target pass, with
+// the KV of rejected tokens rolled back (Scheduler::Complete); afterwards
+// this class counts what was proposed and accepted and adapts each
+// sequence's k.
+//
+// Large batches (max_batch) propose nothing: see SpecOptions.
+//
+// Back-off (per sequence, so a sequence's proposals depend only on its own
+// history): k grows by one after a verification whose proposals all stood
+// and falls to one more than the accepted count otherwise; when the
+// acceptance rate (an exponential average over verifications) drops below
+// min_acceptance, the sequence stops proposing for a cool-down of steps that
+// doubles each time it happens again (up to max_cooldown_steps), then probes
+// with k = 1. Verifying poor proposals costs compute a step at a large batch
+// cannot spare; proposing nothing costs nothing.
+//
+// Usage, on the engine thread under the engine's lock (the decode role:
+// EnginePolicy::BeforePlan and its step's Apply, engine/core/engine_core.h):
+//   decoder.ProposeFor(scheduler); step = scheduler.Schedule(); ... run ...
+//   updates = scheduler.Complete(step, output); decoder.Observe(updates);
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/scheduler/scheduler.h"
+#include "engine/spec/proposer.h"
+
+namespace pdserve::engine::spec {
+
+enum class SpecMethod { kOff, kNgram, kDraft };
+std::string_view SpecMethodName(SpecMethod method);
+// "off", "ngram", "draft"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<SpecMethod> ParseSpecMethod(std::string_view name);
+
+struct SpecOptions {
+  int num_speculative_tokens = 4;     // k at most, >= 1
+  bool adaptive = true;               // the back-off above; false: always k
+  double min_acceptance = 0.25;       // below it, the cool-down
+  double acceptance_smoothing = 0.3;  // weight of the newest verification
+  int min_cooldown_steps = 8;
+  int max_cooldown_steps = 256;
+  // No proposals in a step with more decoding sequences than this (0: no
+  // limit): a large batch makes the step compute-bound, where verifying 1 + k
+  // rows per sequence costs about 1 + k times the plain step however many
+  // proposals stand.
+  int max_batch = 0;
+};
+
+// What one step's verifications did.
+struct SpecStepStats {
+  int verifications = 0;              // sequences that verified proposals
+  int proposed = 0;                   // tokens verified
+  int accepted = 0;                   // of which stood
+  std::vector<int> accepted_lengths;  // per verification: proposals that stood
+};
+
+class SpecDecoder {
+ public:
+  // `proposer` must not be null.
+  SpecDecoder(SpecOptions options, std::unique_ptr<Proposer> proposer);
+
+  // Proposes for Scheduler::DecodingSequences() and hands the proposals over.
+  // A proposer failure is returned after leaving every sequence without one.
+  absl::Status ProposeFor(Scheduler& scheduler);
+  // Accounts a completed step's updates; forgets sequences that are gone.
+  SpecStepStats Observe(std::span<const SequenceUpdate> updates);
+
+  const Proposer& proposer() const { return *proposer_; }
+  // The k a sequence proposes next (0: cooling down); for tests.
+  int NextK(SeqId id) const;
+
+ private:
+  struct SeqState {
+    int k = 0;
+    double acceptance = 1.0;
+    int cooldown_left = 0;
+    int next_cooldown = 0;
+  };
+  SeqState& StateOf(SeqId id);
+
+  const SpecOptions options_;
+  const std::unique_ptr<Proposer> proposer_;
+  std::unordered_map<SeqId, SeqState> states_;
+  std::vector<ProposalRequest> requests_;  // scratch
+  std::vector<Proposal> proposals_;        // scratch
+};
+
+}  // namespace pdserve::engine::spec

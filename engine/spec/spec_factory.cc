@@ -1,0 +1,53 @@
+// Speculative decoding from a worker's flags: see spec_factory.h.
+#include "engine/spec/spec_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/runner_factory.h"
+#include "engine/spec/draft_proposer.h"
+
+namespace pdserve::engine::spec {
+
+absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,
+                                                               const ModelRunner& target) {
+  if (config.method == SpecMethod::kOff) return nullptr;
+  if (config.num_speculative_tokens < 1 || config.num_speculative_tokens > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_speculative_tokens must be in [1, 16], got ", config.num_speculative_tokens));
+  }
+  const SpecOptions options{.num_speculative_tokens = config.num_speculative_tokens,
+                            .adaptive = config.adaptive,
+                            .max_batch = config.max_batch};
+  switch (config.method) {
+    case SpecMethod::kOff:
+      return nullptr;
+    case SpecMethod::kNgram:
+      if (config.ngram.min_n < 1 || config.ngram.max_n < config.ngram.min_n) {
+        return absl::InvalidArgumentError(absl::StrCat("n-gram range [", config.ngram.min_n, ", ",
+                                                       config.ngram.max_n, "] is empty"));
+      }
+      return std::make_unique<SpecDecoder>(options, std::make_unique<NgramProposer>(config.ngram));
+    case SpecMethod::kDraft: {
+      if (config.draft_model_dir.empty()) {
+        return absl::InvalidArgumentError("--speculative=draft needs --draft_model_dir");
+      }
+      absl::StatusOr<std::unique_ptr<ModelRunner>> draft =
+          CreateModelRunner({.model_dir = config.draft_model_dir,
+                             .backend = config.backend,
+                             .kv_block_size = target.kv_block_size(),
+                             .num_kv_blocks = config.draft_kv_blocks > 0 ? config.draft_kv_blocks
+                                                                         : target.num_kv_blocks(),
+                             .num_threads = config.num_threads});
+      if (!draft.ok()) {
+        return absl::Status(draft.status().code(),
+                            absl::StrCat("draft model: ", draft.status().message()));
+      }
+      absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
+          DraftProposer::Create(*std::move(draft), target.config());
+      if (!proposer.ok()) return proposer.status();
+      return std::make_unique<SpecDecoder>(options, *std::move(proposer));
+    }
+  }
+  return absl::InvalidArgumentError("unknown speculative method");
+}
+
+}  // namespace pdserve::engine::spec

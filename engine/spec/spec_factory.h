@@ -1,0 +1,36 @@
+// Speculative decoding as a worker configures it from its flags
+// (--speculative, --num_speculative_tokens, --draft_model_dir): a
+// SpecDecoder with the chosen proposer, checked against the target model.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/runtime/model_runner.h"
+#include "engine/spec/ngram_proposer.h"
+#include "engine/spec/spec_decoder.h"
+
+namespace pdserve::engine::spec {
+
+struct SpecConfig {
+  SpecMethod method = SpecMethod::kOff;
+  int num_speculative_tokens = 4;  // k, in [1, 16]
+  bool adaptive = true;            // SpecOptions::adaptive
+  int max_batch = 0;               // SpecOptions::max_batch
+  NgramOptions ngram;
+  // kDraft: a smaller model of the target's vocabulary, run on the target's
+  // backend with its own KV cache of draft_kv_blocks blocks.
+  std::string draft_model_dir;
+  std::string backend = "cpu";
+  int num_threads = 0;
+  int draft_kv_blocks = 0;  // 0: as many blocks as the target's cache has
+};
+
+// Null for kOff. INVALID_ARGUMENT for a bad k or n-gram range, a missing
+// draft_model_dir, or a draft whose vocabulary or special tokens differ from
+// the target's.
+absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,
+                                                               const ModelRunner& target);
+
+}  // namespace pdserve::engine::spec

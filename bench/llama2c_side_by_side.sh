@@ -15,7 +15,7 @@
 #   llama2.c runfast (1 thread only: it is built without OpenMP),
 #   llama2.c runomp (OMP_NUM_THREADS=threads),
 #   pdserve_engine_bench --decode_only with --weight_dtype f32, bf16, int8
-#   and w8a8 (int8 activations too; opt-in, see docs/architecture.md).
+#   and w8a8 (int8 activations too; opt-in, see docs/decisions/cpu-weights.md).
 # Both sides decode positions 1..255 after a BOS token and report tokens per
 # second over those 255 steps (run.c: `-n 256`, its "achieved tok/s";
 # pdserve: --context=1 --decode_steps=255 --warmup=0, total steps / total

@@ -4,7 +4,7 @@
 // gRPC health, ProcessLive / ProcessReady) with common/http_server.h.
 // prometheus-cpp's own Exposer (civetweb) is not used: it cannot bind port 0
 // and its fixed-stack threads fail in processes that link cuBLAS (see
-// docs/architecture.md).
+// docs/decisions/operations.md).
 //
 // Every connection serves one request and is closed ("Connection: close");
 // Prometheus opens one connection per scrape. A request must arrive within

@@ -4,7 +4,8 @@
 // allows (gRPC: from the wire bytes, before the message is parsed). The
 // token ids of a prompt are bounded by the model's context instead, and the
 // body or message as a whole by the server's size limit (64 MiB).
-// docs/architecture.md ("Front end") lists them for clients.
+// docs/architecture.md ("Request fields and their limits") lists them for
+// clients; the reasons: docs/decisions/limits.md.
 #pragma once
 
 #include <cstddef>

@@ -9,7 +9,8 @@
 // prefix. At 128 bits a birthday search costs about 2^64 SHA-256 evaluations
 // (out of reach); a targeted second preimage 2^128. FNV-1a, used before,
 // could be collided in seconds. The decision and the measured cost:
-// docs/architecture.md ("Prefix-cache block hashes"), docs/performance.md.
+// docs/decisions/scheduling.md ("Block hashes a client cannot collide on
+// purpose"), docs/performance.md ("Prefix-cache block hashes").
 //
 // The routing digest (BlockHash::digest, 64 bits) travels in each worker's
 // load report (WorkerLoad.cached_block_hashes, fixed64). It is only a hint:

@@ -24,12 +24,12 @@ enum class WeightDtype {
   // group (max |value| / 127), values rounded to nearest (Q8_0-like). The
   // CPU backend multiplies them by the activations rounded to 16 bits per
   // group of 32 (max |x| / 32767) in exact integer dot products; the error
-  // is the weights' (docs/architecture.md).
+  // is the weights' (docs/decisions/cpu-weights.md).
   kInt8,
   // kInt8 weights, and each activation row entering a matrix product
   // quantized the same way (groups of 32, scale max |x| / 127) before it:
   // int8 x int8 dot products (Q8_0 x Q8_0), a second rounding on top of
-  // kInt8's. Opt-in; see docs/architecture.md.
+  // kInt8's. Opt-in; see docs/decisions/cpu-weights.md.
   kW8A8,
   // 4-bit weights: each row in groups of 32 values, one fp16 scale per
   // group (the value of largest magnitude / -8), values rounded to nearest

@@ -20,7 +20,7 @@
 // reports). It prints a table and, last, one line of JSON (also to
 // --json_out).
 //   pdserve_engine_bench [--threads=N] [--model_dir=DIR] [--json_out=FILE]
-//       [--dtype=bf16|f16|f32] [--weight_dtype=auto|f32|bf16|int8|w8a8]
+//       [--dtype=bf16|f16|f32] [--weight_dtype=auto|f32|bf16|int8|w8a8|int4]
 //       [--num_kv_heads=N] [--tie_word_embeddings=false] [--decode_only]
 #include <omp.h>
 #include <unistd.h>
@@ -44,7 +44,7 @@
 #include "engine/model/config.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/model_runner.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "nlohmann/json.hpp"
 #include "tools/model_writer.h"
 
@@ -53,7 +53,7 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, dtype, "bf16", "Checkpoint dtype of the written model (f32, bf16, f16)");
 ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
           "How weight matrices are kept in memory: auto (a bf16 checkpoint's in bf16, else "
-          "fp32), f32, bf16, int8 or w8a8");
+          "fp32), f32, bf16, int8, w8a8 or int4");
 ABSL_FLAG(int, num_kv_heads, 12, "KV heads of the written model (divides 12)");
 ABSL_FLAG(bool, tie_word_embeddings, true, "Written model: LM head tied to the embeddings");
 ABSL_FLAG(bool, decode_only, false, "Measure only batch-1 decode and the bandwidth");

@@ -18,7 +18,7 @@
 #include "engine/model/config.h"
 #include "engine/runtime/backend_registry.h"
 #include "engine/runtime/model_runner.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 namespace pdserve::engine {
 

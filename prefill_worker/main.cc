@@ -14,7 +14,7 @@
 #include "engine/device_peaks.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/grammar/tokenizer_vocabulary.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "kvtransfer/transport_factory.h"
 #if defined(PDSERVE_KV_DEVICE_TRANSPORT)
 #include "kvtransfer/device/register.h"
@@ -41,8 +41,9 @@ ABSL_FLAG(std::string, backend, "cpu", "Compute backend");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
 ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
           "How weight matrices are kept in memory: auto (bf16 checkpoints in bf16, else fp32), "
-          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales), w8a8 (int8, and activations "
-          "rounded to int8 the same way)");
+          "f32, bf16 (rounded), int8 (groups of 32 with fp32 scales), w8a8 (int8, and "
+          "activations rounded to int8 the same way), int4 (groups of 32 with fp16 scales, "
+          "activations rounded to int8; CPU backend only)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
           "Bytes of KV cache for prompts being prefilled");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV block");

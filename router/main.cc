@@ -25,6 +25,7 @@
 #include "common/service/service_process.h"
 #include "engine/model/weight_source.h"
 #include "engine/model/weights.h"
+#include "engine/types/weight_dtype.h"
 #include "frontend/client_metrics.h"
 #include "frontend/grpc_service.h"
 #include "frontend/openai_http_server.h"
@@ -83,10 +84,10 @@ ABSL_FLAG(int, max_queue_wait_ms, 120000,
 ABSL_FLAG(int, prefill_queue_batches, 4,
           "Prompts are sent to a prefill worker while the tokens queued there stay under this many "
           "of its steps (--max_batch_tokens); the rest wait at the router");
-ABSL_FLAG(
-    std::string, weight_dtype, "",
-    "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8); empty: not checked "
-    "(prefill and decode workers are paired only where their models as served are equal)");
+ABSL_FLAG(std::string, weight_dtype, "",
+          "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8, int4); empty: not "
+          "checked (prefill and decode workers are paired only where their models as served are "
+          "equal)");
 ABSL_FLAG(std::string, kv_dtype, "",
           "KV element type every worker must have (f32: the CPU backend, bf16: CUDA); empty: not "
           "checked (prefill and decode workers are paired only where their KV matches)");
@@ -139,7 +140,15 @@ int Main() {
   }
 
   // The router's own model is the reference every worker is checked
-  // against at registration.
+  // against at registration. A --weight_dtype no worker can serve would
+  // refuse them all: refused here instead.
+  if (const std::string dtype = absl::GetFlag(FLAGS_weight_dtype); !dtype.empty()) {
+    if (absl::StatusOr<engine::WeightDtype> parsed = engine::ParseWeightDtype(dtype);
+        !parsed.ok()) {
+      PDSERVE_LOG(ERROR) << "--weight_dtype: " << parsed.status().message();
+      return 2;
+    }
+  }
   router::ModelReference reference{
       .config_fingerprint = engine::ConfigFingerprint(prompt_source->config),
       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),

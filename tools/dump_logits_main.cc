@@ -9,7 +9,7 @@
 //                   `sequence`: Prefill of its first token, then one Decode
 //                   per token (the decode path, paged KV cache included)
 //   pdserve_dump_logits --model_dir=DIR --tokens=1,2,3 [--max_tokens=32]
-//       [--weight_dtype=auto|f32|bf16|int8|w8a8]
+//       [--weight_dtype=auto|f32|bf16|int8|w8a8|int4]
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -22,7 +22,7 @@
 #include "common/base/cli.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/generator.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory");
@@ -30,7 +30,7 @@ ABSL_FLAG(std::string, tokens, "", "Comma-separated prompt token ids");
 ABSL_FLAG(int, max_tokens, 32, "Greedy tokens to generate (>= 1)");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0: all cores");
 ABSL_FLAG(pdserve::engine::WeightDtype, weight_dtype, pdserve::engine::WeightDtype::kAuto,
-          "How weight matrices are kept in memory: auto, f32, bf16, int8 or w8a8");
+          "How weight matrices are kept in memory: auto, f32, bf16, int8, w8a8 or int4");
 
 namespace pdserve::engine {
 namespace {

@@ -38,9 +38,10 @@ class Writer {
 
 }  // namespace
 
-absl::Status CheckLlama2cCompatible(const ModelConfig& c) {
-  const auto no = [](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("llama2.c cannot run this model: ", what));
+absl::Status CheckPlainLlama(const ModelConfig& c, std::string_view who) {
+  const auto no = [who](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(absl::string_view(who.data(), who.size()), " cannot run this model: ", what));
   };
   if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM") {
     return no(absl::StrCat("architecture ", c.architecture));
@@ -49,6 +50,14 @@ absl::Status CheckLlama2cCompatible(const ModelConfig& c) {
   if (c.qk_norm) return no("q/k norms");
   if (c.sliding_window > 0) return no("sliding window");
   if (c.rope_scaling.type != RopeScaling::Type::kNone) return no("rope scaling");
+  return absl::OkStatus();
+}
+
+absl::Status CheckLlama2cCompatible(const ModelConfig& c) {
+  if (absl::Status s = CheckPlainLlama(c, "llama2.c"); !s.ok()) return s;
+  const auto no = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("llama2.c cannot run this model: ", what));
+  };
   if (c.rope_theta != 10000.0f) return no(absl::StrCat("rope_theta ", c.rope_theta, " != 10000"));
   if (c.head_dim * c.num_heads != c.hidden_size) {
     return no(absl::StrCat("head_dim ", c.head_dim, " != hidden_size / num_heads"));

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +26,12 @@
 #include "engine/model/weights.h"
 
 namespace pdserve::engine {
+
+// OK when `config` is a plain Llama: the Llama or Mistral architecture
+// without biases, q/k norms, a sliding window or rope scaling; else
+// INVALID_ARGUMENT "<who> cannot run this model: <what>". (Also for the GGUF
+// export, tools/gguf_export.h.)
+absl::Status CheckPlainLlama(const ModelConfig& config, std::string_view who);
 
 // INVALID_ARGUMENT when run.c cannot express `config`: an architecture other
 // than Llama/Mistral, biases, q/k norms, a sliding window, rope scaling,

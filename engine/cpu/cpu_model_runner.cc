@@ -111,8 +111,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   cpu::InitBlasThreading();
   // Storage that changes the checkpoint's numbers (int8, or bf16 from another
   // dtype) computes different KV: it must not pair with a lossless runner.
-  bool lossy =
-      options.weight_dtype == WeightDtype::kInt8 || options.weight_dtype == WeightDtype::kW8A8;
+  bool lossy = options.weight_dtype == WeightDtype::kInt8 ||
+               options.weight_dtype == WeightDtype::kW8A8 ||
+               options.weight_dtype == WeightDtype::kInt4;
   // WeightSource validated every tensor the config needs, so these exist.
   auto t = [&weights](const std::string& name) { return weights.Find(name); };
   auto matrix = [&](std::initializer_list<const TensorView*> parts, Matrix& out) -> absl::Status {

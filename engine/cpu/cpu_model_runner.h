@@ -51,7 +51,7 @@
 #include "engine/cpu/work_pool.h"
 #include "engine/model/weight_source.h"
 #include "engine/runtime/model_runner.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 namespace pdserve::engine {
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/kernels_int4.h"
 
 namespace pdserve::engine::cpu {
 namespace {
@@ -75,6 +76,8 @@ const char* StorageName(WeightMatrix::Storage storage) {
       return "bf16";
     case WeightMatrix::Storage::kInt8:
       return "int8";
+    case WeightMatrix::Storage::kInt4:
+      return "int4";
   }
   return "unknown";
 }
@@ -142,6 +145,12 @@ void WeightMatrix::Allocate(Storage storage, int64_t rows, int64_t cols) {
       bytes = static_cast<size_t>(scales_offset_) +
               static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(float);
       break;
+    case Storage::kInt4:
+      scales_offset_ =
+          static_cast<int64_t>(RoundUp(static_cast<size_t>(rows * Int4RowBytes(cols)), 64));
+      bytes = static_cast<size_t>(scales_offset_) +
+              static_cast<size_t>(rows * Int8Groups(cols)) * sizeof(uint16_t);
+      break;
   }
   data_ = AllocateStorage(bytes);
 }
@@ -171,6 +180,11 @@ WeightMatrix WeightMatrix::FromF32(std::span<const float> values, int64_t rows, 
       QuantizeInt8(values.data(), rows, cols, reinterpret_cast<int8_t*>(w.data_.get()),
                    reinterpret_cast<float*>(w.data_.get() + w.scales_offset_));
       w.quantize_activations_ = dtype == WeightDtype::kW8A8;
+      break;
+    case WeightDtype::kInt4:
+      w.Allocate(Storage::kInt4, rows, cols);
+      QuantizeInt4(values.data(), rows, cols, reinterpret_cast<uint8_t*>(w.data_.get()),
+                   reinterpret_cast<uint16_t*>(w.data_.get() + w.scales_offset_));
       break;
   }
   return w;
@@ -218,6 +232,9 @@ int64_t WeightMatrix::bytes() const {
       return n * static_cast<int64_t>(sizeof(uint16_t));
     case Storage::kInt8:
       return n + rows_ * Int8Groups(cols_) * static_cast<int64_t>(sizeof(float));
+    case Storage::kInt4:
+      return rows_ *
+             (Int4RowBytes(cols_) + Int8Groups(cols_) * static_cast<int64_t>(sizeof(uint16_t)));
   }
   return 0;
 }
@@ -233,6 +250,10 @@ void WeightMatrix::RowsToFloat(int64_t first, int64_t count, float* out) const {
       return;
     case Storage::kInt8:
       DequantizeInt8(int8() + at, scales() + first * Int8Groups(cols_), count, cols_, out);
+      return;
+    case Storage::kInt4:
+      DequantizeInt4(int4() + first * Int4RowBytes(cols_),
+                     half_scales() + first * Int8Groups(cols_), count, cols_, out);
       return;
   }
 }
@@ -256,8 +277,8 @@ void WeightMatrix::BlockGemm(const float* x, float* y, int m, int64_t first, int
   }
 }
 
-void WeightMatrix::GemvRows(const float* x, const Int8Activations& x8, const Int16Activations& x16,
-                            float* y, int first, int count) const {
+void WeightMatrix::GemvRows(const float* x, const RoundedX& rounded, float* y, int first,
+                            int count) const {
   const int k = static_cast<int>(cols_);
   const int64_t at = int64_t{first} * k;
   const Isa isa = BestIsa();
@@ -268,45 +289,54 @@ void WeightMatrix::GemvRows(const float* x, const Int8Activations& x8, const Int
       return GemvBf16(bf16() + at, x, y + first, count, k, isa);
     case Storage::kInt8: {
       const float* s = scales() + first * Int8Groups(k);
-      if (quantize_activations_) return GemvInt8Act(int8() + at, s, x8, y + first, count, k, isa);
-      return GemvInt8(int8() + at, s, x16, y + first, count, k, isa);
+      if (quantize_activations_) {
+        return GemvInt8Act(int8() + at, s, rounded.x8, y + first, count, k, isa);
+      }
+      return GemvInt8(int8() + at, s, rounded.x16, y + first, count, k, isa);
     }
+    case Storage::kInt4:
+      return GemvInt4(int4() + first * Int4RowBytes(k), half_scales() + first * Int8Groups(k),
+                      rounded.x4, y + first, count, k, isa);
   }
 }
 
 void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
-  // int8 storage: the activations rounded once, here, before the threads
-  // split the rows (to int8 for w8a8, else to 16-bit integers); the threads
+  // int8 and int4 storage: the activations rounded once, here, before the
+  // threads split the rows (to int8 for w8a8 and int4, else to 16-bit
+  // integers); the threads
   // read the caller's buffers. At m > 1 each row is rounded as the GEMV
   // rounds it and the fp32 sgemm path multiplies those values: the same
   // products up to fp32 summation order.
   // (References: a lambda naming a thread_local reads the running thread's
   // own; the pool's threads must read this thread's.)
-  thread_local Int8Activations x8_buffer;
-  thread_local Int16Activations x16_buffer;
+  thread_local RoundedX rounded_buffer;
   thread_local std::vector<float> rounded_x;
-  Int8Activations& x8 = x8_buffer;
-  Int16Activations& x16 = x16_buffer;
-  if (storage_ == Storage::kInt8) {
-    if (m == 1 && quantize_activations_) {
-      QuantizeActivations(x, k, x8);
+  const RoundedX& rounded = rounded_buffer;
+  if (storage_ == Storage::kInt8 || storage_ == Storage::kInt4) {
+    const bool int8_x = quantize_activations_ || storage_ == Storage::kInt4;
+    if (m == 1 && storage_ == Storage::kInt4) {
+      QuantizeActivations(x, k, rounded_buffer.x4);
+    } else if (m == 1 && quantize_activations_) {
+      QuantizeActivations(x, k, rounded_buffer.x8);
     } else if (m == 1) {
-      QuantizeActivations(x, k, x16);
+      QuantizeActivations(x, k, rounded_buffer.x16);
     } else {
       rounded_x.resize(static_cast<size_t>(m) * k);
-      RoundActivations(x, m, k, quantize_activations_ ? 8 : 16, rounded_x.data());
+      RoundActivations(x, m, k, int8_x ? 8 : 16, rounded_x.data());
       x = rounded_x.data();
     }
   }
   // A few rows of fp32 or bf16 weights (a verification step, a small decode
   // batch): GEMVs that read each weight once for all of them and sum each
   // product as the batch-1 GEMV does, so results do not depend on the batch.
-  const bool few_rows = m > 1 && m <= kManyGemvRows && storage_ != Storage::kInt8;
+  // (int8 and int4 storage keep the sgemm path on their rounded values.)
+  const bool few_rows =
+      m > 1 && m <= kManyGemvRows && (storage_ == Storage::kF32 || storage_ == Storage::kBf16);
   const auto rows = [&](int first, int count) {
     if (m == 1) {
-      GemvRows(x, x8, x16, y, first, count);
+      GemvRows(x, rounded, y, first, count);
     } else if (storage_ == Storage::kF32) {
       GemvManyF32(f32() + int64_t{first} * k, x, m, y + first, n, count, k, BestIsa());
     } else {

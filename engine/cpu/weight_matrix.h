@@ -1,6 +1,7 @@
 // A weight matrix of the CPU backend: row-major [rows, cols] (out x in, as
-// torch.nn.Linear stores it) in fp32, bf16 or int8 with one fp32 scale per
-// group of 32 values of a row (kernels_gemv.h), and the matmul that reads it.
+// torch.nn.Linear stores it) in fp32, bf16, int8 with one fp32 scale per
+// group of 32 values of a row (kernels_gemv.h) or int4 with one fp16 scale
+// per group of 32 (kernels_int4.h), and the matmul that reads it.
 //
 // Storage is one allocation in memory advised for transparent huge pages
 // before its first touch: a 2 MiB-aligned mapping of its own for a matrix
@@ -22,9 +23,10 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/kernels_int4.h"
 #include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 namespace pdserve::engine::cpu {
 
@@ -38,7 +40,7 @@ inline constexpr int kManyGemvRows = 64;
 class WeightMatrix {
  public:
   // What the values are stored as (never kAuto).
-  enum class Storage { kF32, kBf16, kInt8 };
+  enum class Storage { kF32, kBf16, kInt8, kInt4 };
 
   WeightMatrix() = default;  // 0 x 0
   WeightMatrix(WeightMatrix&&) noexcept = default;
@@ -48,7 +50,8 @@ class WeightMatrix {
   // value is exactly a bf16 number, else fp32; kBf16 rounds to nearest even;
   // kInt8 quantizes (QuantizeInt8; MatMul rounds x to 16 bits, see MatMul);
   // kW8A8 quantizes and marks the matrix to
-  // quantize its activations too (quantize_activations()).
+  // quantize its activations too (quantize_activations()); kInt4 quantizes
+  // to 4 bits (QuantizeInt4; MatMul rounds x to int8, see MatMul).
   static WeightMatrix FromF32(std::span<const float> values, int64_t rows, int64_t cols,
                               WeightDtype dtype);
   // From a checkpoint tensor's raw little-endian bytes (F32, F16 or BF16;
@@ -65,7 +68,7 @@ class WeightMatrix {
   // kW8A8: MatMul rounds each row of x as QuantizeInt8 would (groups of 32,
   // scale max |x| / 127) and multiplies those values; int8 storage only.
   bool quantize_activations() const { return quantize_activations_; }
-  // Bytes one pass over the matrix reads: values plus int8 scales.
+  // Bytes one pass over the matrix reads: values plus int8 / int4 scales.
   int64_t bytes() const;
 
   // out[r - first, :] = row r as fp32, for rows [first, first + count).
@@ -79,7 +82,11 @@ class WeightMatrix {
   // and int8 rows expanded to fp32 a cache-sized block at a time. With int8
   // storage x's rows are rounded first, to 16-bit integers in groups of 32
   // (Int16Activations; with quantize_activations(), to int8): at m == 1 for
-  // GemvInt8 / GemvInt8Act, at m > 1 to the same values in fp32.
+  // GemvInt8 / GemvInt8Act, at m > 1 to the same values in fp32. With int4
+  // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
+  // at m == 1 for GemvInt4, at m > 1 to the same values in fp32, which the
+  // sgemm multiplies by the int4 rows expanded to fp32 (the GEMV's products,
+  // exact in fp32, summed in another order).
   void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:
@@ -104,21 +111,32 @@ class WeightMatrix {
   const float* scales() const {
     return reinterpret_cast<const float*>(data_.get() + scales_offset_);
   }
+  // int4 only: rows * Int4RowBytes(cols) bytes of nibbles, then rows *
+  // Int8Groups(cols) fp16 scales.
+  const uint8_t* int4() const { return reinterpret_cast<const uint8_t*>(data_.get()); }
+  const uint16_t* half_scales() const {
+    return reinterpret_cast<const uint16_t*>(data_.get() + scales_offset_);
+  }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
-  // y[r] for rows [first, first + count), m == 1 (int8 storage: x as
-  // rounded by MatMul, x8 for w8a8, else x16).
-  void GemvRows(const float* x, const Int8Activations& x8, const Int16Activations& x16, float* y,
-                int first, int count) const;
+  // x as MatMul rounds it for one GEMV (for int8 storage, x8 under w8a8,
+  // else x16; for int4, x4).
+  struct RoundedX {
+    Int8Activations x8;
+    Int16Activations x16;
+    Int4Activations x4;
+  };
+  // y[r] for rows [first, first + count), m == 1.
+  void GemvRows(const float* x, const RoundedX& rounded, float* y, int first, int count) const;
 
   Storage storage_ = Storage::kF32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
-  int64_t scales_offset_ = 0;  // bytes from data_ to the int8 scales
+  int64_t scales_offset_ = 0;  // bytes from data_ to the int8 or int4 scales
   bool quantize_activations_ = false;
   std::unique_ptr<std::byte, Free> data_;
 };
 
-const char* StorageName(WeightMatrix::Storage storage);  // "f32", "bf16", "int8"
+const char* StorageName(WeightMatrix::Storage storage);  // "f32", "bf16", "int8", "int4"
 
 }  // namespace pdserve::engine::cpu

@@ -12,6 +12,11 @@ namespace pdserve::cuda {
 namespace {
 
 absl::StatusOr<std::unique_ptr<engine::ModelRunner>> Create(const engine::RunnerOptions& options) {
+  if (options.weight_dtype == engine::WeightDtype::kInt4) {
+    return absl::UnimplementedError(
+        "--weight_dtype=int4 is not implemented by the cuda backend (4-bit weights are CPU "
+        "only; the cuda backend serves the checkpoint's weights in bf16)");
+  }
   absl::StatusOr<engine::ModelConfig> config = engine::ModelConfig::FromModelDir(options.model_dir);
   if (!config.ok()) return config.status();
   absl::StatusOr<std::unique_ptr<engine::WeightSource>> source =

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "engine/model/config.h"
 #include "engine/runtime/model_runner.h"
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 namespace pdserve::engine {
 

@@ -507,6 +507,21 @@ TEST_F(CudaRunnerTest, AKvCacheBeyondDeviceMemoryIsResourceExhausted) {
   EXPECT_NE(runner.status().message().find("KV cache"), std::string::npos) << runner.status();
 }
 
+// 4-bit weights are a CPU backend storage: the cuda backend refuses them by
+// name rather than serving bf16 under an int4 label.
+TEST_F(CudaRunnerTest, Int4WeightsAreRefusedWithAClearError) {
+  const ModelConfig config = models::TinyGqaConfig();
+  const std::string dir = models::WriteTinyModel(config, 9, "bf16", "cuda_int4");
+  auto runner = engine::CreateModelRunner({.model_dir = dir,
+                                           .backend = "cuda",
+                                           .kv_block_size = 4,
+                                           .num_kv_blocks = 8,
+                                           .weight_dtype = engine::WeightDtype::kInt4});
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnimplemented) << runner.status();
+  EXPECT_NE(runner.status().message().find("int4"), std::string::npos) << runner.status();
+}
+
 #if defined(PDSERVE_GPU_EMULATION)
 // A kernel whose barrier only half the block reaches: under the emulation a
 // sticky launch failure, as a fault is on a GPU (on a GPU this kernel is

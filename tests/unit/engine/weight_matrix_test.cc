@@ -29,52 +29,15 @@
 #include "engine/cpu/work_pool.h"
 #include "engine/model/safetensors.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/gemv_reference.h"
 
 namespace pdserve::engine::cpu {
 namespace {
 
-std::vector<float> Normal(int64_t n, uint32_t seed, bool bf16_exact = false) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    x = dist(gen);
-    if (bf16_exact) x = engine::Bf16ToFloat(FloatToBf16(x));
-  }
-  return v;
-}
-
-// Exact (float64) y = x W^T and the summation bound of each output.
-struct Reference {
-  std::vector<double> y;
-  std::vector<double> bound;
-};
-
-Reference Exact(const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k) {
-  Reference ref{std::vector<double>(static_cast<size_t>(m) * n),
-                std::vector<double>(static_cast<size_t>(m) * n)};
-  for (int i = 0; i < m; ++i) {
-    for (int r = 0; r < n; ++r) {
-      double sum = 0, abs_sum = 0;
-      for (int c = 0; c < k; ++c) {
-        const double p = double{w[int64_t{r} * k + c]} * x[int64_t{i} * k + c];
-        sum += p;
-        abs_sum += std::abs(p);
-      }
-      ref.y[int64_t{i} * n + r] = sum;
-      ref.bound[int64_t{i} * n + r] = (k + 1) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
-    }
-  }
-  return ref;
-}
-
-std::vector<Isa> IsasHere() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= BestIsa()) isas.push_back(isa);
-  }
-  return isas;
-}
+using testing_gemv::Exact;
+using testing_gemv::IsasHere;
+using testing_gemv::Normal;
+using testing_gemv::Reference;
 
 const int kCols[] = {1, 7, 8, 13, 16, 31, 32, 33, 64, 65, 100, 777};
 const int kRows[] = {1, 3, 17, 33};
@@ -552,7 +515,7 @@ TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
                                       v.size() * sizeof(v[0]));
   };
   for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
-                            WeightDtype::kInt8, WeightDtype::kW8A8}) {
+                            WeightDtype::kInt8, WeightDtype::kW8A8, WeightDtype::kInt4}) {
     const WeightMatrix want = WeightMatrix::FromF32(values, rows, cols, dtype);
     std::vector<float> want_rows(values.size()), got_rows(values.size());
     want.RowsToFloat(0, rows, want_rows.data());
@@ -579,7 +542,7 @@ TEST(WeightMatrixTest, FromRawReadsCheckpointDtypes) {
 
 TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   for (WeightDtype dtype : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
-                            WeightDtype::kInt8, WeightDtype::kW8A8}) {
+                            WeightDtype::kInt8, WeightDtype::kW8A8, WeightDtype::kInt4}) {
     absl::StatusOr<WeightDtype> parsed = ParseWeightDtype(WeightDtypeName(dtype));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, dtype);
@@ -591,8 +554,8 @@ TEST(WeightDtypeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   EXPECT_EQ(ParseWeightDtype("fp16").status().code(), absl::StatusCode::kInvalidArgument);
   WeightDtype flag = WeightDtype::kF32;
   std::string error;
-  EXPECT_FALSE(AbslParseFlag("int4", &flag, &error));
-  EXPECT_NE(error.find("auto, f32, bf16, int8, w8a8"), std::string::npos) << error;
+  EXPECT_FALSE(AbslParseFlag("int2", &flag, &error));
+  EXPECT_NE(error.find("auto, f32, bf16, int8, w8a8, int4"), std::string::npos) << error;
   EXPECT_EQ(flag, WeightDtype::kF32);
 }
 

@@ -123,14 +123,17 @@ TEST(WorkerRegistryTest, RejectsBadRegistrations) {
 // refused whatever registered before it (it cannot lock the right ones
 // out), and the refusal names the field that differs, not the values.
 TEST(WorkerRegistryTest, WorkersAreComparedWithTheRoutersModelNamingTheField) {
-  WorkerRegistry registry(RegistryOptions{
-      .ttl = absl::Seconds(3),
-      .reference = {.config_fingerprint = 7, .checkpoint_fingerprint = 8, .kv_dtype = "f32"}});
-  auto desc = [](const std::string& id, uint64_t config, uint64_t checkpoint,
-                 const std::string& kv) {
+  WorkerRegistry registry(RegistryOptions{.ttl = absl::Seconds(3),
+                                          .reference = {.config_fingerprint = 7,
+                                                        .checkpoint_fingerprint = 8,
+                                                        .weight_dtype = "int4",
+                                                        .kv_dtype = "f32"}});
+  auto desc = [](const std::string& id, uint64_t config, uint64_t checkpoint, const std::string& kv,
+                 const std::string& weights = "int4") {
     WorkerDesc d = Desc(id, Role::kDecode);
     d.config_fingerprint = config;
     d.checkpoint_fingerprint = checkpoint;
+    d.weight_dtype = weights;
     d.kv_dtype = kv;
     d.kv_layout = "paged_nhd";
     return d;
@@ -143,6 +146,7 @@ TEST(WorkerRegistryTest, WorkersAreComparedWithTheRoutersModelNamingTheField) {
       {desc("other-config", 9, 8, "f32"), "config"},
       {desc("other-weights", 7, 9, "f32"), "weights"},
       {desc("cuda-kv", 7, 8, "bf16"), "kv_dtype"},
+      {desc("int8-weights", 7, 8, "f32", "int8"), "weight_dtype"},
       {desc("right", 7, 8, "f32"), ""},
   };
   for (const Case& c : cases) {

@@ -3,7 +3,7 @@
 // biases and activations are fp32 whatever is chosen, except that the int8
 // dtypes round the activations entering each matrix product of the CPU
 // backend: kInt8 to 16-bit integers (258 times finer than the weights'
-// rounding), kW8A8 to 8-bit.
+// rounding), kW8A8 and kInt4 to 8-bit.
 #pragma once
 
 #include <string>
@@ -31,9 +31,15 @@ enum class WeightDtype {
   // int8 x int8 dot products (Q8_0 x Q8_0), a second rounding on top of
   // kInt8's. Opt-in; see docs/decisions/cpu-weights.md.
   kW8A8,
+  // 4-bit weights: each row in groups of 32 values, one fp16 scale per
+  // group (the value of largest magnitude / -8), values rounded to nearest
+  // and clamped to [-8, 7] (llama.cpp's Q4_0). The CPU backend multiplies
+  // them by the activations quantized to int8 per group of 32 (as kW8A8) in
+  // exact integer dot products (Q4_0 x Q8_0). The CUDA backend refuses it.
+  kInt4,
 };
 
-// "auto", "f32", "bf16", "int8", "w8a8".
+// "auto", "f32", "bf16", "int8", "w8a8", "int4".
 std::string_view WeightDtypeName(WeightDtype dtype);
 // The inverse of WeightDtypeName; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<WeightDtype> ParseWeightDtype(std::string_view name);

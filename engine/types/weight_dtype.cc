@@ -1,5 +1,5 @@
 // WeightDtype names; see weight_dtype.h.
-#include "engine/runtime/weight_dtype.h"
+#include "engine/types/weight_dtype.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -17,18 +17,20 @@ std::string_view WeightDtypeName(WeightDtype dtype) {
       return "int8";
     case WeightDtype::kW8A8:
       return "w8a8";
+    case WeightDtype::kInt4:
+      return "int4";
   }
   return "unknown";
 }
 
 absl::StatusOr<WeightDtype> ParseWeightDtype(std::string_view name) {
   for (WeightDtype d : {WeightDtype::kAuto, WeightDtype::kF32, WeightDtype::kBf16,
-                        WeightDtype::kInt8, WeightDtype::kW8A8}) {
+                        WeightDtype::kInt8, WeightDtype::kW8A8, WeightDtype::kInt4}) {
     if (name == WeightDtypeName(d)) return d;
   }
-  return absl::InvalidArgumentError(absl::StrCat("weight dtype \"",
-                                                 absl::string_view(name.data(), name.size()),
-                                                 "\" is not one of auto, f32, bf16, int8, w8a8"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype \"", absl::string_view(name.data(), name.size()),
+                   "\" is not one of auto, f32, bf16, int8, w8a8, int4"));
 }
 
 bool AbslParseFlag(absl::string_view text, WeightDtype* dtype, std::string* error) {

@@ -404,7 +404,8 @@ absl::Status CudaModelRunner::PoisonUnwrittenKv(const StepBatch& batch, cudaStre
     const int64_t written = s.num_cached + static_cast<int64_t>(s.tokens.size());
     int64_t run_first = -1, run_end = -1;
     for (size_t j = static_cast<size_t>(written / bs); j < s.block_table.size(); ++j) {
-      const int64_t first = int64_t{s.block_table[j]} * bs + (j == written / bs ? written % bs : 0);
+      const int64_t first = int64_t{s.block_table[j]} * bs +
+                            (static_cast<int64_t>(j) == written / bs ? written % bs : 0);
       const int64_t end = (int64_t{s.block_table[j]} + 1) * bs;
       if (first == run_end) {
         run_end = end;

@@ -493,7 +493,7 @@ TEST_P(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlam
 // A prefill worker slower to accept than the stall timeout, when it is the
 // only one, is waited for: giving it up would leave nowhere to go, and
 // slowness is not failure (its liveness is judged by its heartbeats).
-TEST_F(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
+TEST_P(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
   registry_.Deregister("prefill1");
   prefills_[0]->accept_delay = absl::Seconds(1);
   DisaggregatedOrchestrator orchestrator(
@@ -507,7 +507,7 @@ TEST_F(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
 }
 
 // Likewise the only decode worker, slower to reserve than the stall timeout.
-TEST_F(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
+TEST_P(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
   registry_.Deregister("decode1");
   decodes_[0]->reserve_delay = absl::Seconds(1);
   DisaggregatedOrchestrator orchestrator(
@@ -521,7 +521,7 @@ TEST_F(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
 
 // A prefill worker given up for being slow costs the request no attempt:
 // with one attempt allowed, it is still served by the other worker.
-TEST_F(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
+TEST_P(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
   prefill_silent_ = 1;
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,

@@ -42,7 +42,9 @@ class ColocatedGeneration final : public frontend::Generation {
   }
 
   void Cancel() override {
-    if (!cancelled_.exchange(true)) engine_->Cancel(*stream_);
+    if (cancelled_.exchange(true)) return;
+    engine_->Cancel(*stream_);
+    stream_->Close();  // wakes a Next that waits
   }
 
   frontend::Placement placement() const override {

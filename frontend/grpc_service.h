@@ -1,11 +1,18 @@
 // pdserve.v1.Generation over a SessionManager: the gRPC adapter. It decodes
 // the request (frontend/generate_request_proto.h), starts a session, writes
-// each delta as one GenerateResponse, and reports a cancelled call or a
-// failed write as the client going away. The call's deadline is the
-// session's deadline.
+// each delta as one GenerateResponse (the last one together with the
+// status), and reports a cancelled call or a failed write as the client
+// going away. The call's deadline is the session's deadline.
 //
-// The method is served with its request as raw bytes (a split-streaming
-// handler, as the generated WithSplitStreamingMethod does) so that a request
+// Served with gRPC's callback API, so an open stream costs nothing while no
+// token is due: each call runs its session (RunSession, which blocks in the
+// orchestration) on a thread of its own that sleeps between tokens; writes
+// are started without waiting for the previous one's completion until the
+// next delta is ready (tokens that arrive meanwhile go out together), and
+// gRPC's OnCancel (the client left, or the deadline passed) interrupts the
+// session at once instead of being polled for.
+//
+// The method is served with its request as raw bytes so that a request
 // protobuf would refuse for invalid UTF-8 gets INVALID_ARGUMENT naming the
 // field instead of INTERNAL with no message. Clients see the same service.
 //
@@ -18,26 +25,36 @@
 // the freed memory to the system (common/memory.h).
 #pragma once
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "frontend/request_session.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 
 namespace pdserve::frontend {
 
-class GrpcGenerationService final : public v1::Generation::Service {
+class GrpcGenerationService final : public v1::Generation::CallbackService {
  public:
   // `sessions` must outlive the service.
   explicit GrpcGenerationService(SessionManager* sessions);
+  // Waits for the calls' threads to return. Shut the server down first: that
+  // ends the calls still open (their sessions end as cancelled).
+  ~GrpcGenerationService() override;
 
-  // Not called: the method is served by Serve (see above).
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  // Not called: the method is served with raw request bytes (see above).
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
 
  private:
-  grpc::Status Serve(grpc::ServerContext* context,
-                     grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::GenerateResponse>* stream);
+  class Call;
+  friend class Call;
+  // A call's thread ended (the last thing it does).
+  void ThreadDone();
+  bool NoThreadsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return threads_ == 0; }
 
   SessionManager* const sessions_;
+  absl::Mutex mu_;
+  int threads_ ABSL_GUARDED_BY(mu_) = 0;  // calls' threads not yet returned
 };
 
 }  // namespace pdserve::frontend

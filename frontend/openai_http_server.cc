@@ -185,12 +185,13 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
     return;
   }
   // The head goes out now; the body once complete. Nothing is written until
-  // the end: look at the connection every `poll` even while tokens keep
-  // coming.
+  // the end: look at the connection at most every kTokenCheck while tokens
+  // keep coming (a cost per token), and every `poll` while none is due.
   if (!out.Begin(200, kJson)) {
     session->Abandon().IgnoreError();
     return;
   }
+  constexpr absl::Duration kTokenCheck = absl::Milliseconds(20);
   absl::Time checked = absl::Now();
   auto gone_now = [&] {
     checked = absl::Now();
@@ -200,7 +201,7 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
       *session,
       [&](const Delta& delta) {
         formatter.Add(delta);
-        return absl::Now() - checked < poll || !gone_now();
+        return absl::Now() - checked < kTokenCheck || !gone_now();
       },
       gone_now, poll);
   if (!status.ok()) {

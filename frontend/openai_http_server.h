@@ -11,7 +11,9 @@
 // response (sent once complete, chunked) is cut off. A client that closes
 // its connection cancels its request: the worker calls are cancelled and
 // their KV freed (noticed at the next write, or within `poll` while no
-// token is due).
+// token is due). A waiting request's thread sleeps until a token, the end,
+// its deadline or `poll`: HTTP offers no event for a client that left, so
+// `poll` is a long one.
 //
 // Connections: the server's event thread reads each request (its head within
 // `header_timeout`, its body within `body_timeout`) before a handler thread
@@ -56,7 +58,7 @@ struct OpenAiHttpOptions {
   // Largest request body; larger ones get 413.
   int64_t max_body_bytes = int64_t{64} << 20;
   // How often a waiting request checks that its client is still there.
-  absl::Duration poll = absl::Milliseconds(20);
+  absl::Duration poll = absl::Seconds(1);
   // The model's tool-call format: "auto" (from the chat template), "hermes",
   // "llama3_json" or "none" (frontend/tool_calls.h).
   std::string tool_call_parser = "auto";

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,14 @@ struct Placement {
 
 // One request running on the workers. Next is called from one thread (the
 // session's); Cancel from any thread.
+//
+// Waiting is event-driven: a Next that waits is woken by what it waits for
+// (events arriving, the generation failing, Cancel), never by a poll, and the
+// session calls it with long timeouts (up to the request's deadline, or
+// InfiniteDuration), so an open stream costs no CPU while nothing happens.
+// An implementation that must act on time passing (e.g. declaring a silent
+// worker stalled) bounds its own wait by when it must act, and may then return
+// OK with nothing appended.
 class Generation {
  public:
   // Cancels the generation if it has not finished; returns once nothing
@@ -65,18 +74,40 @@ class Generation {
   virtual ~Generation() = default;
 
   // Appends the events that arrived to `out`, waiting up to `timeout` while
-  // there are none. OK with nothing appended: the timeout passed. An error
+  // there are none. OK with nothing appended: the timeout (or the
+  // implementation's own timer, see above) passed. An error
   // status: the generation failed (what it produced before was returned by
   // earlier calls); its message is for the client. Not called again after
   // an event with `finished` or an error.
   virtual absl::Status Next(absl::Duration timeout, std::vector<GenerationEvent>* out) = 0;
 
   // Stops the generation and frees what it holds on the workers.
-  // Idempotent; a Next after it returns CANCELLED (or events already queued).
+  // Idempotent; a Next after it returns CANCELLED (or events already queued),
+  // and a Next waiting when it is called returns at once.
   virtual void Cancel() = 0;
 
   // The workers serving it now (may change if the orchestration moves it).
   virtual Placement placement() const = 0;
+
+  // Push mode (optional): events are taken with Poll, as they arrive, by
+  // whoever `ready` wakes, instead of by the thread waiting in Next (which
+  // saves waking that thread for every token). False: not supported, nothing
+  // changes. After it returned true, `ready` is called after events were
+  // queued that Poll can take (at least after each batch of tokens; events
+  // that need Next anyway, such as the end, may wake Next instead), on the
+  // thread that queued them, with no lock of the generation held, never
+  // from within SetReadyCallback or Poll. Next then appends nothing: it
+  // returns at once (OK) while events are queued, and otherwise waits for
+  // what only Next handles (the end, a failure, cancellation, a retry, its
+  // timers). Called once, before the first Next; `ready` must stay callable
+  // while the generation lives.
+  virtual bool SetReadyCallback(std::function<void()> ready) {
+    (void)ready;
+    return false;
+  }
+  // Push mode: moves the events queued to `out`, in order, without waiting.
+  // Any thread, never concurrently with itself (the session serializes it).
+  virtual void Poll(std::vector<GenerationEvent>* out) { (void)out; }
 };
 
 class Orchestrator {

@@ -38,49 +38,87 @@ RequestSession::RequestSession(SessionManager* manager, ValidatedRequest request
       request_(std::move(request)),
       call_(call),
       started_(started),
-      assembler_(*manager->prompt_source().tokenizer, request_.stop_strings),
+      want_logprobs_(request_.sampling.logprobs >= 0),
       generation_(std::move(generation)),
-      want_logprobs_(request_.sampling.logprobs >= 0) {}
+      assembler_(*manager->prompt_source().tokenizer, request_.stop_strings) {}
 
 RequestSession::~RequestSession() {
-  if (!ended_) Abandon().IgnoreError();  // a destructor has no one to tell
+  if (!ended()) Abandon().IgnoreError();  // a destructor has no one to tell
+}
+
+bool RequestSession::ended() const {
+  absl::MutexLock lock(&mu_);
+  return ended_;
 }
 
 bool RequestSession::PastDeadline(absl::Time now) const { return now >= call_.deadline; }
 
 absl::StatusOr<std::optional<Delta>> RequestSession::Next(absl::Duration timeout) {
+  std::unique_ptr<Generation> retired;
+  absl::StatusOr<std::optional<Delta>> next;
+  {
+    absl::MutexLock lock(&mu_);
+    next = NextLocked(timeout);
+    retired = std::move(retired_);
+  }
+  return next;  // `retired` goes first, outside mu_
+}
+
+absl::StatusOr<std::optional<Delta>> RequestSession::NextLocked(absl::Duration timeout) {
   if (ended_) return absl::FailedPreconditionError("the request has ended");
-  if (pending_finish_.has_value()) return Finish(*pending_finish_);
+  if (interrupted_.load()) return AbandonLocked();
+  if (pending_finish_.has_value()) return FinishLocked(*pending_finish_);
   const absl::Time now = absl::Now();
   if (PastDeadline(now)) {
     generation_->Cancel();
-    End("deadline");
+    EndLocked("deadline");
     return absl::DeadlineExceededError("deadline exceeded");
   }
   if (next_event_ == events_.size()) {
     events_.clear();
     next_event_ = 0;
+    if (push_) generation_->Poll(&events_);
+  }
+  if (next_event_ == events_.size()) {
     const absl::Duration wait =
         std::max(absl::ZeroDuration(), std::min(timeout, call_.deadline - now));
-    absl::Status status = generation_->Next(wait, &events_);
+    // Pump may deliver tokens meanwhile; the generation stays (only this
+    // thread ends the request).
+    Generation* const generation = generation_.get();
+    std::vector<GenerationEvent> arrived;
+    mu_.Unlock();
+    absl::Status status = generation->Next(wait, &arrived);
+    mu_.Lock();
+    if (arrived.empty() && interrupted_.load()) return AbandonLocked();
+    if (pending_finish_.has_value()) return FinishLocked(*pending_finish_);  // seen by Pump
     if (!status.ok()) {
       if (PastDeadline(absl::Now())) {
-        End("deadline");
+        EndLocked("deadline");
         return absl::DeadlineExceededError("deadline exceeded");
       }
       // Refused before any token (it waited in the router's queue, then
       // the wait ran out): a refusal, not a failure.
       if (const std::string reason = RejectReason(status);
           !reason.empty() && completion_tokens_ == 0) {
-        End("rejected", reason);
+        EndLocked("rejected", reason);
         return status;
       }
       PDSERVE_LOG(WARNING) << "request " << request_.request_id << " failed: " << status;
-      End("error");
+      EndLocked("error");
       return status;
     }
-    if (events_.empty()) return std::nullopt;
+    if (next_event_ == events_.size()) {
+      events_.clear();
+      next_event_ = 0;
+    }
+    for (GenerationEvent& event : arrived) events_.push_back(std::move(event));
+    if (push_ && next_event_ == events_.size()) generation_->Poll(&events_);
+    if (next_event_ == events_.size()) return std::nullopt;
   }
+  return TakeDeltaLocked(/*finish=*/true);
+}
+
+std::optional<Delta> RequestSession::TakeDeltaLocked(bool finish) {
   // Everything that arrived goes out as one delta, up to the end.
   Delta delta;
   while (next_event_ < events_.size() && !pending_finish_.has_value()) {
@@ -94,7 +132,7 @@ absl::StatusOr<std::optional<Delta>> RequestSession::Next(absl::Duration timeout
     }
   }
   if (delta.token_ids.empty()) {
-    if (pending_finish_.has_value()) return Finish(*pending_finish_);
+    if (finish && pending_finish_.has_value()) return FinishLocked(*pending_finish_);
     return std::nullopt;
   }
   const absl::Time sent = absl::Now();
@@ -132,7 +170,7 @@ void RequestSession::Take(GenerationEvent& event, Delta* delta) {
   if (piece.stopped) matched_stop_ = std::move(piece.matched_stop);
 }
 
-Delta RequestSession::Finish(engine::FinishReason reason) {
+Delta RequestSession::FinishLocked(engine::FinishReason reason) {
   const absl::Time end = absl::Now();
   Delta last;
   StreamAssembler::Piece piece = assembler_.Flush();
@@ -158,25 +196,109 @@ Delta RequestSession::Finish(engine::FinishReason reason) {
   t.prefill_worker = placement.prefill_worker;
   t.decode_worker = placement.decode_worker;
   manager_->metrics_->e2e_latency.Observe(t.e2e_seconds);
-  End(FinishLabel(reason));
+  EndLocked(FinishLabel(reason));
   return last;
 }
 
 absl::Status RequestSession::Abandon() {
+  std::unique_ptr<Generation> retired;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = AbandonLocked();
+    retired = std::move(retired_);
+  }
+  return status;
+}
+
+absl::Status RequestSession::AbandonLocked() {
   const bool deadline = PastDeadline(absl::Now() + kDeadlineSlack);
   if (!ended_) {
     generation_->Cancel();
-    End(deadline ? "deadline" : "cancelled");
+    EndLocked(deadline ? "deadline" : "cancelled");
   }
   return deadline ? absl::DeadlineExceededError("deadline exceeded")
                   : absl::CancelledError("cancelled by the client");
 }
 
-void RequestSession::End(const std::string& label, const std::string& reject_reason) {
+void RequestSession::Interrupt() {
+  interrupted_.store(true);
+  absl::MutexLock lock(&generation_mu_);
+  if (generation_ != nullptr) generation_->Cancel();
+}
+
+bool RequestSession::EnablePush(std::function<void()> ready) {
+  absl::MutexLock lock(&mu_);
+  if (ended_ || push_) return push_;
+  push_ = generation_->SetReadyCallback(std::move(ready));
+  return push_;
+}
+
+void RequestSession::Pump(const SessionOutput& output) {
+  // Busy: its holder takes the events (Run's thread polls before it waits,
+  // and a push-mode generation does not let it wait while events are
+  // queued). This also keeps a reaction that gRPC runs inline from a Cancel
+  // made under mu_ from locking it again.
+  if (!mu_.TryLock()) return;
+  const bool sent = PumpLocked(output);
+  mu_.Unlock();
+  if (sent && output.flush) output.flush();
+}
+
+bool RequestSession::PumpLocked(const SessionOutput& output) {
+  if (!push_ || ended_ || interrupted_.load() || pending_finish_.has_value()) return false;
+  if (next_event_ == events_.size()) {
+    events_.clear();
+    next_event_ = 0;
+    generation_->Poll(&events_);
+  }
+  // The end (if it came) is left to Run's thread, which the generation wakes
+  // for it.
+  std::optional<Delta> delta = TakeDeltaLocked(/*finish=*/false);
+  if (!delta.has_value()) return false;
+  if (!output.send(*delta)) {
+    interrupted_.store(true);
+    generation_->Cancel();  // wakes Run's thread, which ends the request
+  }
+  return true;
+}
+
+absl::Status RequestSession::Run(const SessionOutput& output,
+                                 const std::function<bool()>& client_gone, absl::Duration poll) {
+  if (client_gone()) return Abandon();
+  while (true) {
+    std::unique_ptr<Generation> retired;
+    std::optional<absl::Status> result;
+    bool idle = false;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<std::optional<Delta>> next = NextLocked(poll);
+      if (!next.ok()) {
+        result = next.status();
+      } else if (!next->has_value()) {
+        idle = true;
+      } else if (!output.send(**next)) {
+        result = AbandonLocked();
+      } else if ((*next)->finished) {
+        result = absl::OkStatus();
+      }
+      retired = std::move(retired_);
+    }
+    retired.reset();
+    if (output.flush) output.flush();
+    if (result.has_value()) return *result;
+    if (idle && client_gone()) return Abandon();
+  }
+}
+
+void RequestSession::EndLocked(const std::string& label, const std::string& reject_reason) {
   if (ended_) return;
   ended_ = true;
   // Frees the workers' share now rather than when the adapter lets go.
-  generation_.reset();
+  {
+    absl::MutexLock lock(&generation_mu_);
+    retired_ = std::move(generation_);
+  }
   ClientMetrics& metrics = *manager_->metrics_;
   if (reject_reason.empty()) {
     metrics.CountFinished(label);
@@ -264,18 +386,7 @@ absl::StatusOr<std::unique_ptr<RequestSession>> SessionManager::Start(const Requ
 
 absl::Status RunSession(RequestSession& session, const std::function<bool(const Delta&)>& send,
                         const std::function<bool()>& client_gone, absl::Duration poll) {
-  if (client_gone()) return session.Abandon();
-  while (true) {
-    absl::StatusOr<std::optional<Delta>> next = session.Next(poll);
-    if (!next.ok()) return next.status();
-    if (!next->has_value()) {
-      if (client_gone()) return session.Abandon();
-      continue;
-    }
-    const Delta& delta = **next;
-    if (!send(delta)) return session.Abandon();
-    if (delta.finished) return absl::OkStatus();
-  }
+  return session.Run({.send = send}, client_gone, poll);
 }
 
 }  // namespace pdserve::frontend

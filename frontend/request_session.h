@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/types/finish_reason.h"
 #include "frontend/client_metrics.h"
@@ -78,6 +79,18 @@ struct CallInfo {
 
 class SessionManager;
 
+// What a session hands its deltas to (see RequestSession::Run).
+struct SessionOutput {
+  // Takes the next delta, in order; false: the client went away. Called with
+  // the session's lock held (so deltas made on different threads keep their
+  // order): it must not call back into the session.
+  std::function<bool(const Delta&)> send;
+  // Optional: called after `send`, once the lock is released (e.g. to start
+  // the write that `send` queued).
+  std::function<void()> flush;
+};
+
+// Thread-safe: Run (or Next) on one thread, Pump and Interrupt from any.
 class RequestSession {
  public:
   RequestSession(const RequestSession&) = delete;
@@ -85,54 +98,107 @@ class RequestSession {
   // Ends the request if it has not ended (as if the client went away).
   ~RequestSession();
 
-  // Waits up to `timeout` for the generation to move on. Returns the next
-  // delta, nullopt when nothing happened in time, or an error when the
-  // request ended without finishing: DEADLINE_EXCEEDED when the deadline
-  // passed (the generation is cancelled), else the generation's error. Not
-  // called again after a delta with `finished` or an error.
+  // Waits up to `timeout` (InfiniteDuration: no limit) for the generation to
+  // move on; the wait ends at the request's deadline in any case, and at once
+  // on Interrupt. Returns the next delta, nullopt when nothing happened in
+  // time, or an error when the request ended without finishing:
+  // DEADLINE_EXCEEDED when the deadline passed (the generation is
+  // cancelled), CANCELLED after Interrupt (as Abandon), else the
+  // generation's error. Not called again after a delta with `finished` or
+  // an error.
   absl::StatusOr<std::optional<Delta>> Next(absl::Duration timeout);
+
+  // Drives the request to its end on the calling thread: each delta goes to
+  // `output`, and `client_gone` is asked whenever nothing arrived for `poll`
+  // (a write to a client that left fails anyway). The thread sleeps between
+  // tokens: it wakes for a token (unless Pump took it), the end, the
+  // deadline, Interrupt, or `poll` passing. Returns OK once the last delta
+  // was sent, else how the request ended (CANCELLED, DEADLINE_EXCEEDED, or
+  // the generation's error).
+  absl::Status Run(const SessionOutput& output, const std::function<bool()>& client_gone,
+                   absl::Duration poll);
+
+  // Push mode, before Run: asks the generation to call `ready` when token
+  // events arrive (Generation::SetReadyCallback), on the thread that
+  // received them; `ready` then calls Pump. False when the generation has no
+  // push mode (Run's thread takes every event).
+  bool EnablePush(std::function<void()> ready);
+  // Push mode, any thread while Run runs: turns the token events that
+  // arrived into a delta for `output` at once, without waking Run's thread.
+  // Never waits and never ends the request (Run's thread is woken for the
+  // end); a delta `output` refuses interrupts the request.
+  void Pump(const SessionOutput& output);
 
   // The client went away (a write failed, or the adapter saw it leave):
   // cancels the generation and ends the request as cancelled, or as
   // deadline when its deadline has passed. Returns the matching status.
   absl::Status Abandon();
 
+  // Any thread: the client went away, as the adapter's transport reported it
+  // (gRPC's OnCancel). Cancels the generation, which wakes a Next that is
+  // waiting; the request then ends as Abandon ends it. Does nothing once the
+  // request has ended.
+  void Interrupt();
+
   const ValidatedRequest& request() const { return request_; }
-  bool ended() const { return ended_; }
+  bool ended() const;
 
  private:
   friend class SessionManager;
   RequestSession(SessionManager* manager, ValidatedRequest request, CallInfo call,
                  absl::Time started, std::unique_ptr<Generation> generation);
 
+  // Next with mu_ held; releases it while waiting for the generation.
+  absl::StatusOr<std::optional<Delta>> NextLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pump with mu_ held; true when it sent a delta.
+  bool PumpLocked(const SessionOutput& output) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the events in events_ into one delta (nullopt: no token among
+  // them); the last delta instead when `finish` and the end is known and no
+  // token came.
+  std::optional<Delta> TakeDeltaLocked(bool finish) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes one generation event into `delta`; observes the token metrics.
-  void Take(GenerationEvent& event, Delta* delta);
+  void Take(GenerationEvent& event, Delta* delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last delta (text held back, usage, timings); ends the request.
-  Delta Finish(engine::FinishReason reason);
+  Delta FinishLocked(engine::FinishReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AbandonLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the request once: counts it as `label` (or, with a
-  // `reject_reason`, as a refusal for that reason), releases admission.
-  void End(const std::string& label, const std::string& reject_reason = "");
+  // `reject_reason`, as a refusal for that reason), releases admission, and
+  // moves the generation to retired_ (destroyed once mu_ is released: its
+  // destructor waits for the worker calls, whose reactions may Pump).
+  void EndLocked(const std::string& label, const std::string& reject_reason = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PastDeadline(absl::Time now) const;
 
   SessionManager* const manager_;
   const ValidatedRequest request_;
   const CallInfo call_;
   const absl::Time started_;  // when the orchestration was asked
-  StreamAssembler assembler_;
+  const bool want_logprobs_;
+
+  mutable absl::Mutex mu_;  // before generation_mu_
+  // Changed only with both mu_ and generation_mu_ held (EndLocked); read
+  // with either. Alive while mu_ is released for a wait: only the thread
+  // that waits ends the request.
+  absl::Mutex generation_mu_;
   std::unique_ptr<Generation> generation_;
-  std::vector<GenerationEvent> events_;  // taken from the generation, not yet delivered
-  size_t next_event_ = 0;
+  std::unique_ptr<Generation> retired_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> interrupted_{false};
+  bool push_ ABSL_GUARDED_BY(mu_) = false;
+  StreamAssembler assembler_ ABSL_GUARDED_BY(mu_);
+  // Taken from the generation, not yet delivered.
+  std::vector<GenerationEvent> events_ ABSL_GUARDED_BY(mu_);
+  size_t next_event_ ABSL_GUARDED_BY(mu_) = 0;
   // Set once the end is known (the workers finished, or a stop string
   // matched); the next Next returns the last delta.
-  std::optional<engine::FinishReason> pending_finish_;
-  const bool want_logprobs_;
-  bool ended_ = false;
-  int completion_tokens_ = 0;
-  bool queue_observed_ = false;
-  double queue_seconds_ = 0;
-  absl::Time first_token_time_;
-  absl::Time last_token_time_;
-  std::string matched_stop_;
+  std::optional<engine::FinishReason> pending_finish_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  int completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  bool queue_observed_ ABSL_GUARDED_BY(mu_) = false;
+  double queue_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_token_time_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_token_time_ ABSL_GUARDED_BY(mu_);
+  std::string matched_stop_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionManager {
@@ -175,13 +241,12 @@ class SessionManager {
   std::atomic<uint64_t> seed_counter_;
 };
 
-// Drives `session` to its end: each delta goes to `send` (false: the client
-// went away), and `client_gone` is asked whenever nothing arrived for
-// `poll` (a write to a client that left fails anyway). Returns OK once the last delta was sent,
-// else how the request ended (CANCELLED, DEADLINE_EXCEEDED, or the generation's error).
+// RequestSession::Run with `send` as the output. An adapter whose transport
+// reports a departed client calls RequestSession::Interrupt and passes
+// InfiniteDuration as `poll` (no wake-ups while a stream is idle); one that
+// can only look at its connection passes a long poll.
 absl::Status RunSession(RequestSession& session, const std::function<bool(const Delta&)>& send,
-                        const std::function<bool()>& client_gone,
-                        absl::Duration poll = absl::Milliseconds(20));
+                        const std::function<bool()>& client_gone, absl::Duration poll);
 
 // "length", "stop" or "context" (the finish_reason label).
 std::string FinishLabel(engine::FinishReason reason);

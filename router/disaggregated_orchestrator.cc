@@ -200,12 +200,14 @@ class DisaggregatedGeneration final : public frontend::Generation {
     bool place = false;
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked),
-                           timeout);
-      while (!ready_.empty()) {
-        out->push_back(std::move(ready_.front()));
-        ready_.pop_front();
+      if (ready_callback_ == nullptr || ready_.empty()) {
+        mu_.AwaitWithTimeout(absl::Condition(this, &DisaggregatedGeneration::NextReadyLocked),
+                             timeout);
       }
+      wake_next_ = false;
+      // Push mode: events are polled; a failure comes after them.
+      if (ready_callback_ != nullptr && !ready_.empty()) return absl::OkStatus();
+      TakeReadyLocked(out);
       if (!out->empty()) return absl::OkStatus();
       if (!failure_.ok()) return failure_;
       if (cancelled_) return absl::CancelledError("cancelled");
@@ -248,6 +250,16 @@ class DisaggregatedGeneration final : public frontend::Generation {
     return placement_;
   }
 
+  bool SetReadyCallback(std::function<void()> ready) override {
+    absl::MutexLock lock(&mu_);
+    ready_callback_ = std::move(ready);
+    return true;
+  }
+  void Poll(std::vector<GenerationEvent>* out) override {
+    absl::MutexLock lock(&mu_);
+    TakeReadyLocked(out);
+  }
+
   // The watch thread: fails the current attempt when a worker serving it is
   // out of service (judged by the registry), or a prefill worker has not
   // accepted the prompt within the stall timeout while another live one
@@ -256,8 +268,12 @@ class DisaggregatedGeneration final : public frontend::Generation {
   void Watch(absl::Time now, const Judgements& judgements,
              const std::vector<WorkerView>& live_prefill);
 
-  // The calls' reactions.
-  void OnDecodeEvent(DecodeCall* call, DecodeEvent event);
+  // The calls' reactions. OnDecodeEvent: true when the session is to be
+  // told (NotifyReady, with mu_ released) that events can be polled.
+  bool OnDecodeEvent(DecodeCall* call, DecodeEvent event);
+  // Without mu_: ready_callback_ is set once, before the first Next, so
+  // before OnDecodeEvent (under mu_) can say to notify.
+  void NotifyReady() ABSL_NO_THREAD_SAFETY_ANALYSIS { ready_callback_(); }
   void OnDecodeDone(DecodeCall* call, const grpc::Status& status);
   void OnPrefillEvent(PrefillCall* call, PrefillEvent event);
   void OnPrefillDone(PrefillCall* call, const grpc::Status& status);
@@ -277,9 +293,18 @@ class DisaggregatedGeneration final : public frontend::Generation {
     }
     return true;
   }
+  // What ends Next's wait. In push mode token events do not (they are
+  // polled); the first token and the end do (wake_next_, finished_).
   bool NextReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !ready_.empty() || !failure_.ok() || cancelled_ || attempt_failure_.has_value() ||
+    const bool events = ready_callback_ == nullptr ? !ready_.empty() : wake_next_ || finished_;
+    return events || !failure_.ok() || cancelled_ || attempt_failure_.has_value() ||
            (queued_ && granted_);
+  }
+  void TakeReadyLocked(std::vector<GenerationEvent>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!ready_.empty()) {
+      out->push_back(std::move(ready_.front()));
+      ready_.pop_front();
+    }
   }
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (failure_.ok() && !cancelled_) failure_ = std::move(status);
@@ -356,6 +381,10 @@ class DisaggregatedGeneration final : public frontend::Generation {
   std::vector<int32_t> generated_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GenerationEvent> ready_ ABSL_GUARDED_BY(mu_);
+  // Push mode: set once (SetReadyCallback), then called without mu_.
+  std::function<void()> ready_callback_ ABSL_GUARDED_BY(mu_);
+  // Push mode: events Next must take (the first token) are queued.
+  bool wake_next_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   frontend::Placement placement_ ABSL_GUARDED_BY(mu_);
@@ -363,7 +392,7 @@ class DisaggregatedGeneration final : public frontend::Generation {
 
 void DecodeCall::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
-  owner_->OnDecodeEvent(this, std::move(event_));
+  if (owner_->OnDecodeEvent(this, std::move(event_))) owner_->NotifyReady();
   event_.Clear();
   StartRead(&event_);
 }
@@ -379,20 +408,22 @@ void PrefillCall::OnReadDone(bool ok) {
 
 void PrefillCall::OnDone(const grpc::Status& status) { owner_->OnPrefillDone(this, status); }
 
-void DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event) {
+bool DisaggregatedGeneration::OnDecodeEvent(DecodeCall* call, DecodeEvent event) {
   absl::MutexLock lock(&mu_);
   if (event.event_case() == DecodeEvent::kReserved) {
     call->reserved = true;
     call->kv_target = event.reserved().kv_target();
-    return;
+    return false;
   }
   if (call != current_decode_) {
     // Not yet current (kept for StartAttempt), or a failed attempt's.
-    if (call != pending_decode_) return;
+    if (call != pending_decode_) return false;
     call->early.push_back(std::move(event));
-    return;
+    return false;
   }
+  const size_t queued = ready_.size();
   HandleDecodeEventLocked(call, std::move(event));
+  return ready_callback_ != nullptr && ready_.size() > queued;
 }
 
 void DisaggregatedGeneration::HandleDecodeEventLocked(DecodeCall* call, DecodeEvent event) {
@@ -526,6 +557,7 @@ void DisaggregatedGeneration::OnPrefillDone(PrefillCall* call, const grpc::Statu
           held_.pop_front();
         }
         attempt_first_out_ = true;
+        wake_next_ = true;  // push mode: Next takes the first token
       }
     }
   }

@@ -9,7 +9,12 @@
 // are queued for the session, which reads them with Generation::Next. The
 // decode worker may stream tokens before the prefill worker's reply arrives;
 // they are held back until the first token is out. Cancelling a generation
-// cancels both calls, which frees the request's KV on both workers.
+// cancels both calls, which frees the request's KV on both workers. In push
+// mode (Generation::SetReadyCallback) the decode stream's reaction calls the
+// session back on the gRPC thread that received the tokens; Next then wakes
+// only for the first token, the end, a failed attempt, the admission queue's
+// grant and cancellation, so a relayed token does not wake the session's
+// thread.
 //
 // Faults are handled here, behind the same interface (the session and the
 // adapters do not see them). A generation is run by attempts: one decode

@@ -1,14 +1,22 @@
 // A scripted orchestration for front-end tests: each started generation
 // plays a list of steps (event batches, an error, or silence), and records
-// what the session did to it. No threads, no servers.
+// what the session did to it. Tests may also feed a running generation
+// (FakeGeneration::Push) from their own thread. Waiting is event-driven, as
+// the Generation contract asks: a Next with nothing to return sleeps until
+// events are fed, Cancel, or its timeout, and counts every call, so tests
+// can assert how often a session woke. With `push` set on the orchestrator
+// the generations offer push mode (SetReadyCallback, Poll).
 #pragma once
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "frontend/orchestrator.h"
 
 namespace pdserve::frontend::testing {
@@ -23,38 +31,107 @@ struct GenerationLog {
   std::atomic<int> started{0};
   std::atomic<int> cancelled{0};
   std::atomic<int> destroyed{0};
+  std::atomic<int> next_calls{0};   // Generation::Next calls, all generations
   std::vector<GenerationJob> jobs;  // as started
 };
 
 class FakeGeneration final : public Generation {
  public:
   FakeGeneration(std::deque<Step> script, GenerationLog* log)
-      : script_(std::move(script)), log_(log) {}
+      : log_(log), script_(std::move(script)) {}
   ~FakeGeneration() override { log_->destroyed.fetch_add(1); }
 
-  // Plays the next step; when the script is over, waits out `timeout` (a
-  // generation that makes no progress) unless cancelled.
+  // Thread mode: plays the next step, waiting up to `timeout` for one (a
+  // generation that makes no progress) unless cancelled. Push mode: appends
+  // nothing; returns at once while fed events are queued, else waits for
+  // the end, an error or Cancel.
   absl::Status Next(absl::Duration timeout, std::vector<GenerationEvent>* out) override {
-    if (cancelled_) return absl::CancelledError("cancelled");
-    if (script_.empty()) {
-      absl::SleepFor(std::min(timeout, absl::Milliseconds(5)));
+    log_->next_calls.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    if (ready_ && !queued_.empty()) return absl::OkStatus();  // for Poll
+    ++waiting_;
+    mu_.AwaitWithTimeout(absl::Condition(this, &FakeGeneration::NextReadyLocked), timeout);
+    --waiting_;
+    if (ready_) {
+      if (!queued_.empty()) return absl::OkStatus();
+      if (!error_.ok()) return error_;
+      if (cancelled_) return absl::CancelledError("cancelled");
       return absl::OkStatus();
     }
+    if (cancelled_) return absl::CancelledError("cancelled");
+    if (script_.empty()) return absl::OkStatus();
     Step step = std::move(script_.front());
     script_.pop_front();
     for (GenerationEvent& e : step.events) out->push_back(std::move(e));
     return step.error;
   }
   void Cancel() override {
+    absl::MutexLock lock(&mu_);
     if (!cancelled_) log_->cancelled.fetch_add(1);
     cancelled_ = true;
   }
   Placement placement() const override { return {"prefill-0", "decode-0"}; }
 
+  bool SetReadyCallback(std::function<void()> ready) override {
+    if (!push_) return false;
+    absl::MutexLock lock(&mu_);
+    ready_ = std::move(ready);
+    return true;
+  }
+  void Poll(std::vector<GenerationEvent>* out) override {
+    absl::MutexLock lock(&mu_);
+    while (!queued_.empty()) {
+      out->push_back(std::move(queued_.front()));
+      queued_.pop_front();
+    }
+  }
+
+  // From the test's thread, while a session runs: in thread mode the step
+  // is played by the next Next; in push mode its events are queued for Poll
+  // and the ready callback is called on this thread.
+  void Push(Step step) {
+    std::function<void()> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ready_ == nullptr) {
+        script_.push_back(std::move(step));
+        return;
+      }
+      for (GenerationEvent& e : step.events) {
+        finished_ = finished_ || e.finished;
+        queued_.push_back(std::move(e));
+      }
+      if (!step.error.ok()) error_ = step.error;
+      ready = ready_;
+    }
+    ready();
+  }
+  // Blocks until a Next is waiting (the session's thread is asleep in it).
+  void AwaitWaiting() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* waiting) { return *waiting > 0; }, &waiting_));
+  }
+  void set_push(bool push) { push_ = push; }
+
  private:
-  std::deque<Step> script_;
+  bool NextReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancelled_) return true;
+    if (ready_) return finished_ || !error_.ok();  // tokens are Pump's
+    return !script_.empty();
+  }
+
   GenerationLog* const log_;
-  bool cancelled_ = false;
+  bool push_ = false;  // set before the session starts
+  mutable absl::Mutex mu_;
+  std::deque<Step> script_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Push mode.
+  std::function<void()> ready_ ABSL_GUARDED_BY(mu_);
+  std::deque<GenerationEvent> queued_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeOrchestrator final : public Orchestrator {
@@ -62,13 +139,19 @@ class FakeOrchestrator final : public Orchestrator {
   // Every generation plays `script`; Start fails with `refusal` when set.
   std::deque<Step> script;
   absl::Status refusal;
+  bool push = false;  // generations offer push mode
   GenerationLog log;
+  // The generations started, in order (valid until their sessions end).
+  std::vector<FakeGeneration*> generations;
 
   absl::StatusOr<std::unique_ptr<Generation>> Start(GenerationJob job) override {
     if (!refusal.ok()) return refusal;
-    log.started.fetch_add(1);
     log.jobs.push_back(std::move(job));
-    return std::make_unique<FakeGeneration>(script, &log);
+    auto generation = std::make_unique<FakeGeneration>(script, &log);
+    generation->set_push(push);
+    generations.push_back(generation.get());
+    log.started.fetch_add(1);  // after the above: a test on another thread waits for it
+    return generation;
   }
 };
 

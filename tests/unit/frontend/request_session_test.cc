@@ -3,8 +3,11 @@
 // pdserve_requests_total exactly once, however it ends.
 #include "frontend/request_session.h"
 
+#include <atomic>
 #include <memory>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "frontend/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -313,6 +316,217 @@ TEST_F(RequestSessionTest, SeedIsResolvedOnceAndKeptWhenGiven) {
   ASSERT_EQ(orchestrator_.log.jobs.size(), 3u);
   EXPECT_NE(orchestrator_.log.jobs[0].sampling.seed, orchestrator_.log.jobs[1].sampling.seed);
   EXPECT_EQ(orchestrator_.log.jobs[2].sampling.seed, 42u);
+}
+
+// --- Waking: event-driven, never polled -------------------------------------
+
+// Runs a session on a thread of its own, as an adapter does, with no poll
+// (InfiniteDuration): it must sleep until something happens. With `push`,
+// in push mode: a generation's ready callback pumps on the thread that fed
+// it.
+class SessionThread {
+ public:
+  explicit SessionThread(RequestSession& session, bool push = false)
+      : output_{.send =
+                    [this](const Delta& d) {
+                      absl::MutexLock lock(&mu_);
+                      deltas_.push_back(d);
+                      senders_.push_back(std::this_thread::get_id());
+                      return accept_;
+                    }},
+        push_(push && session.EnablePush([this, &session] { session.Pump(output_); })),
+        thread_([this, &session] {
+          status_ = session.Run(
+              output_,
+              [this] {
+                gone_checks_.fetch_add(1);
+                return false;
+              },
+              absl::InfiniteDuration());
+        }) {}
+  ~SessionThread() { Join().IgnoreError(); }
+
+  absl::Status Join() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  // Blocks until `n` deltas were sent.
+  void AwaitDeltas(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return deltas_.size() >= n; };
+    mu_.Await(absl::Condition(&enough));
+  }
+  std::vector<Delta> deltas() {
+    absl::MutexLock lock(&mu_);
+    return deltas_;
+  }
+  std::vector<std::thread::id> senders() {
+    absl::MutexLock lock(&mu_);
+    return senders_;
+  }
+  std::thread::id id() const { return thread_.get_id(); }
+  void RefuseDeltas() {
+    absl::MutexLock lock(&mu_);
+    accept_ = false;
+  }
+  int gone_checks() const { return gone_checks_.load(); }
+  bool push() const { return push_; }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Delta> deltas_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> senders_ ABSL_GUARDED_BY(mu_);
+  bool accept_ ABSL_GUARDED_BY(mu_) = true;
+  std::atomic<int> gone_checks_{0};
+  const SessionOutput output_;
+  const bool push_;
+  absl::Status status_;
+  std::thread thread_;  // last: runs with everything above
+};
+
+// Time a poller would have used to wake several times (20 ms polls); the
+// assertions are on counts, not on time.
+constexpr absl::Duration kIdle = absl::Milliseconds(150);
+
+TEST_F(RequestSessionTest, InterruptEndsAWaitingSessionAtOnceWithoutPolling) {
+  auto manager = Manager();
+  auto session = manager->Start(TextRequest("x", 8), {});  // a silent generation
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session);
+  orchestrator_.generations[0]->AwaitWaiting();
+  absl::SleepFor(kIdle);
+  EXPECT_EQ(orchestrator_.log.next_calls.load(), 1);
+  (*session)->Interrupt();  // e.g. gRPC's OnCancel, on another thread
+  EXPECT_EQ(runner.Join().code(), absl::StatusCode::kCancelled);
+  // One wait, ended by the interrupt; the client was asked once, up front.
+  EXPECT_EQ(orchestrator_.log.next_calls.load(), 1);
+  EXPECT_EQ(runner.gone_checks(), 1);
+  EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
+  EXPECT_EQ(Requests("cancelled"), 1);
+  EXPECT_EQ(TotalRequests(), 1);
+  EXPECT_EQ(manager->in_flight(), 0);
+  (*session)->Interrupt();  // after the end: nothing
+  EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
+}
+
+TEST_F(RequestSessionTest, PassedDeadlineEndsAWaitingSessionWithoutPolling) {
+  auto manager = Manager();
+  const absl::Time now = absl::Now();
+  auto session = manager->Start(TextRequest("x", 8),
+                                {.arrival = now, .deadline = now + absl::Milliseconds(300)});
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session);
+  EXPECT_EQ(runner.Join().code(), absl::StatusCode::kDeadlineExceeded);
+  // The wait ends at the deadline (a second one covers a wait that woke a
+  // hair early); 20 ms polls would have made about 15 calls.
+  EXPECT_LE(orchestrator_.log.next_calls.load(), 2);
+  EXPECT_LE(runner.gone_checks(), 2);
+  EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
+  EXPECT_EQ(Requests("deadline"), 1);
+  EXPECT_EQ(TotalRequests(), 1);
+}
+
+TEST_F(RequestSessionTest, SlowStreamWakesTheSessionOncePerToken) {
+  auto manager = Manager();
+  auto session = manager->Start(TextRequest("x", 8), {});
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session);
+  testing::FakeGeneration& generation = *orchestrator_.generations[0];
+  for (size_t i = 1; i <= 3; ++i) {
+    generation.AwaitWaiting();
+    absl::SleepFor(kIdle);  // an idle stream between tokens
+    generation.Push({{Tokens(Bytes("a"))}});
+    runner.AwaitDeltas(i);
+  }
+  generation.AwaitWaiting();
+  // One wait per token, plus the one under way now.
+  EXPECT_EQ(orchestrator_.log.next_calls.load(), 4);
+  generation.Push({{Finished(engine::FinishReason::kLength)}});
+  EXPECT_TRUE(runner.Join().ok());
+  EXPECT_EQ(orchestrator_.log.next_calls.load(), 4);
+  EXPECT_EQ(runner.gone_checks(), 1);
+  ASSERT_EQ(runner.deltas().size(), 4u);
+  EXPECT_TRUE(runner.deltas().back().finished);
+  EXPECT_EQ(runner.deltas().back().completion_tokens, 3);
+  EXPECT_EQ(Requests("length"), 1);
+}
+
+TEST_F(RequestSessionTest, PushModeRelaysTokensWithoutWakingTheSessionThread) {
+  orchestrator_.push = true;
+  auto manager = Manager();
+  auto session = manager->Start(TextRequest("x", 8), {});
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session, /*push=*/true);
+  ASSERT_TRUE(runner.push());
+  testing::FakeGeneration& generation = *orchestrator_.generations[0];
+  generation.AwaitWaiting();
+  for (const char* piece : {"ab", "c", "de"}) {
+    absl::SleepFor(absl::Milliseconds(20));
+    generation.Push({{Tokens(Bytes(piece))}});  // relayed on this thread
+  }
+  ASSERT_EQ(runner.deltas().size(), 3u);
+  EXPECT_EQ(runner.deltas()[0].text, "ab");
+  EXPECT_EQ(runner.deltas()[2].text, "de");
+  for (std::thread::id sender : runner.senders()) EXPECT_EQ(sender, std::this_thread::get_id());
+  EXPECT_EQ(orchestrator_.log.next_calls.load(), 1);  // still the first wait
+  // The end wakes the session's thread, which sends the last delta.
+  const std::thread::id session_thread = runner.id();
+  generation.Push({{Finished(engine::FinishReason::kLength)}});
+  EXPECT_TRUE(runner.Join().ok());
+  ASSERT_EQ(runner.deltas().size(), 4u);
+  EXPECT_TRUE(runner.deltas()[3].finished);
+  EXPECT_EQ(runner.deltas()[3].completion_tokens, 5);
+  EXPECT_EQ(runner.senders()[3], session_thread);
+  EXPECT_LE(orchestrator_.log.next_calls.load(), 2);
+  EXPECT_EQ(metrics_.generation_tokens.Value(), 5);
+  EXPECT_EQ(Count(metrics_.time_to_first_token), 1u);
+  EXPECT_EQ(Count(metrics_.inter_token_latency), 4u);  // two gaps, two shared
+  EXPECT_EQ(Requests("length"), 1);
+  EXPECT_EQ(TotalRequests(), 1);
+}
+
+TEST_F(RequestSessionTest, PushModeStopStringIsFinishedByTheSessionThread) {
+  orchestrator_.push = true;
+  auto manager = Manager();
+  Request r = TextRequest("x", 20);
+  r.stop = {"STOP"};
+  auto session = manager->Start(r, {});
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session, /*push=*/true);
+  ASSERT_TRUE(runner.push());
+  testing::FakeGeneration& generation = *orchestrator_.generations[0];
+  generation.AwaitWaiting();
+  generation.Push({{Tokens(Bytes("abST"))}});
+  generation.Push({{Tokens(Bytes("OPxy"))}});  // completes the stop string: cancels
+  EXPECT_TRUE(runner.Join().ok());
+  const std::vector<Delta> deltas = runner.deltas();
+  std::string text;
+  for (const Delta& d : deltas) text += d.text;
+  EXPECT_EQ(text, "ab");
+  EXPECT_EQ(deltas.back().finish_reason, engine::FinishReason::kStop);
+  EXPECT_EQ(deltas.back().matched_stop, "STOP");
+  EXPECT_EQ(deltas.back().completion_tokens, 6);
+  EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
+  EXPECT_EQ(Requests("stop"), 1);
+  EXPECT_EQ(TotalRequests(), 1);
+}
+
+TEST_F(RequestSessionTest, PushModeRefusedDeltaEndsTheRequestAsCancelled) {
+  orchestrator_.push = true;
+  auto manager = Manager();
+  auto session = manager->Start(TextRequest("x", 8), {});
+  ASSERT_TRUE(session.ok());
+  SessionThread runner(**session, /*push=*/true);
+  ASSERT_TRUE(runner.push());
+  testing::FakeGeneration& generation = *orchestrator_.generations[0];
+  generation.AwaitWaiting();
+  runner.RefuseDeltas();  // the client's connection failed
+  generation.Push({{Tokens(Bytes("a"))}});
+  EXPECT_EQ(runner.Join().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
+  EXPECT_EQ(Requests("cancelled"), 1);
+  EXPECT_EQ(TotalRequests(), 1);
+  EXPECT_EQ(manager->in_flight(), 0);
 }
 
 }  // namespace

@@ -7,10 +7,13 @@
 // deadline never takes a worker out of service, a worker without room
 // queues the request instead of failing it, and the attempts are bounded.
 // The scripted "model" generates token 10 + i at generated position i, so
-// any gap or repeat shows in the stream.
+// any gap or repeat shows in the stream. Every test runs twice: read with
+// Next alone, and in push mode (the ready callback and Poll, as the gRPC
+// adapter reads it).
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -132,9 +135,11 @@ class FakeDecode final : public internal::v1::DecodeWorker::Service {
   const absl::Duration* const pause_;  // before each token
 };
 
-class OrchestratorFaultTest : public ::testing::Test {
+// The parameter: whether Generate reads in push mode.
+class OrchestratorFaultTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
+    push_ = GetParam();
     for (int i = 0; i < 2; ++i) {
       prefills_.push_back(std::make_unique<FakePrefill>(&prefill_failures_, &prefill_silent_));
       decodes_.push_back(
@@ -166,8 +171,14 @@ class OrchestratorFaultTest : public ::testing::Test {
     std::vector<int32_t> tokens;
     bool finished = false;
     engine::FinishReason finish_reason = engine::FinishReason::kNone;
+    int next_calls = 0;
+    int callbacks = 0;  // push mode: ready callbacks
   };
-  // Starts a job and reads it to its end (bounded).
+  // Starts a job and reads it to its end (bounded). With push_, in push
+  // mode, as the gRPC adapter reads it: the ready callback polls on the
+  // gRPC thread, Next (with long waits: events must end them) only for what
+  // else comes, and a Poll after each Next; `mu` serializes the polls as the
+  // session's lock does.
   Run Generate(DisaggregatedOrchestrator& orchestrator, int max_tokens,
                engine::SamplingParams sampling = {}, absl::Duration deadline = absl::Seconds(20)) {
     frontend::GenerationJob job{.request_id = "r", .prompt = {1, 2, 3}};
@@ -180,16 +191,37 @@ class OrchestratorFaultTest : public ::testing::Test {
       run.status = generation.status();
       return run;
     }
+    frontend::Generation* const g = generation->get();
+    absl::Mutex mu;
+    std::vector<frontend::GenerationEvent> polled;
+    int callbacks = 0;
+    if (push_) {
+      EXPECT_TRUE(g->SetReadyCallback([&] {
+        absl::MutexLock lock(&mu);
+        g->Poll(&polled);
+        ++callbacks;
+      }));
+    }
+    const absl::Duration wait = push_ ? absl::Seconds(5) : absl::Milliseconds(50);
     while (!run.finished && absl::Now() < job.deadline) {
       std::vector<frontend::GenerationEvent> events;
-      run.status = (*generation)->Next(absl::Milliseconds(50), &events);
-      if (!run.status.ok()) break;
+      run.status = g->Next(wait, &events);
+      ++run.next_calls;
+      if (push_) {
+        EXPECT_TRUE(events.empty()) << "push mode: Next appends nothing";
+        absl::MutexLock lock(&mu);
+        g->Poll(&polled);
+        events = std::exchange(polled, {});
+        run.callbacks = callbacks;
+      }
       for (const auto& e : events) {
         run.tokens.insert(run.tokens.end(), e.tokens.begin(), e.tokens.end());
         run.finished |= e.finished;
         if (e.finished) run.finish_reason = e.finish_reason;
       }
+      if (!run.status.ok()) break;
     }
+    generation->reset();  // waits for the calls, and so for the callbacks
     return run;
   }
   static std::vector<int32_t> Expected(int n) {
@@ -245,6 +277,7 @@ class OrchestratorFaultTest : public ::testing::Test {
   Fault decode_fault_ = Fault::kNone;
   std::atomic<int> decode_faults_{0};  // the next this many Decode calls get decode_fault_
   absl::Duration decode_pause_ = absl::Milliseconds(2);  // before each decode token
+  bool push_ = false;  // Generate reads in push mode (the parameter)
   WorkerRegistry registry_{
       RegistryOptions{.ttl = absl::Seconds(30), .hang_timeout = absl::Milliseconds(300)}};
   LeastLoadedPolicy policy_;
@@ -267,7 +300,7 @@ class SlowPrefillPickPolicy final : public LeastLoadedPolicy {
   }
 };
 
-TEST_F(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
+TEST_P(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
   SlowPrefillPickPolicy slow;
   DisaggregatedOrchestrator orchestrator(&registry_, &slow, &metrics_, {.max_attempts = 1});
   const Run run = Generate(orchestrator, 12);
@@ -280,7 +313,7 @@ TEST_F(OrchestratorFaultTest, DecodeEventsBeforeThePrefillIsDispatchedAreKept) {
 // the thread that waits for the reservation has accepted it; they are kept.
 // (They used to be dropped in that window: a lost token, then the migration
 // of a silent stream repeated one.)
-TEST_F(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
+TEST_P(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
   decode_pause_ = absl::ZeroDuration();
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
   for (int i = 0; i < 50; ++i) {
@@ -291,7 +324,7 @@ TEST_F(OrchestratorFaultTest, TokensRightBehindTheReservationAreKept) {
   }
 }
 
-TEST_F(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
+TEST_P(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
   prefill_failures_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
   const Run run = Generate(orchestrator, 12);
@@ -304,7 +337,7 @@ TEST_F(OrchestratorFaultTest, APrefillFailureIsRetriedWithANewReservation) {
   EXPECT_EQ(Series("pdserve_migrations_total{reason=\"worker_failed\"}"), 0);
 }
 
-TEST_F(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
+TEST_P(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
   decode_fault_ = Fault::kCut;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
@@ -331,7 +364,7 @@ TEST_F(OrchestratorFaultTest, ACutDecodeStreamMigratesWithTheRelayedTokens) {
 // run (EOS, or a stop token id of the request) lost only its finish: the
 // stream finishes with reason stop and nothing is generated past the token.
 // The cut comes after the fourth token, TokenAt(3).
-TEST_F(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
+TEST_P(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
   engine::ModelConfig model;
   model.max_position_embeddings = 1024;
   model.eos_token_ids = {TokenAt(3)};
@@ -360,7 +393,7 @@ TEST_F(OrchestratorFaultTest, ACutAfterAStopTokenFinishesInsteadOfMigrating) {
 
 // With ignore_eos the same EOS token does not end the run: the request
 // migrates and generates to max_tokens.
-TEST_F(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
+TEST_P(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
   engine::ModelConfig model;
   model.max_position_embeddings = 1024;
   model.eos_token_ids = {TokenAt(3)};
@@ -380,7 +413,7 @@ TEST_F(OrchestratorFaultTest, ACutAfterAnIgnoredEosMigrates) {
 // A decode worker that stops streaming for longer than the stall timeout
 // while its steps keep moving (it is busy, e.g. preempted work) keeps the
 // request: slowness is not failure.
-TEST_F(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
+TEST_P(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
   decode_fault_ = Fault::kPause;
   decode_faults_ = 1;
   for (auto& d : decodes_) d->pause_for = absl::Seconds(1);
@@ -402,7 +435,7 @@ TEST_F(OrchestratorFaultTest, ASlowStreamOnAProgressingWorkerIsNotMoved) {
 
 // The same silence on a worker that heartbeats with work but completes no
 // step (its engine hung) moves the request after the hang timeout.
-TEST_F(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
+TEST_P(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
   decode_fault_ = Fault::kSilent;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(
@@ -426,7 +459,7 @@ TEST_F(OrchestratorFaultTest, AStreamOnAHungWorkerMigrates) {
 
 // A worker that left the pool (its heartbeats stopped: the registry dropped
 // it) loses its requests to another worker at once.
-TEST_F(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
+TEST_P(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
   decode_fault_ = Fault::kSilent;
   decode_faults_ = 1;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 3});
@@ -444,7 +477,7 @@ TEST_F(OrchestratorFaultTest, AStreamOnAWorkerThatLeftMigrates) {
 // A prefill worker that takes the call but never accepts the prompt within
 // the stall timeout is given up for this request; the request is served
 // elsewhere and the worker stays in service.
-TEST_F(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlame) {
+TEST_P(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlame) {
   prefill_silent_ = 1;
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,
@@ -460,7 +493,7 @@ TEST_F(OrchestratorFaultTest, APrefillNeverAcceptedIsRetriedElsewhereWithoutBlam
 // A prefill worker slower to accept than the stall timeout, when it is the
 // only one, is waited for: giving it up would leave nowhere to go, and
 // slowness is not failure (its liveness is judged by its heartbeats).
-TEST_F(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
+TEST_P(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
   registry_.Deregister("prefill1");
   prefills_[0]->accept_delay = absl::Seconds(1);
   DisaggregatedOrchestrator orchestrator(
@@ -474,7 +507,7 @@ TEST_F(OrchestratorFaultTest, ASlowOnlyPrefillWorkerIsWaitedFor) {
 }
 
 // Likewise the only decode worker, slower to reserve than the stall timeout.
-TEST_F(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
+TEST_P(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
   registry_.Deregister("decode1");
   decodes_[0]->reserve_delay = absl::Seconds(1);
   DisaggregatedOrchestrator orchestrator(
@@ -488,7 +521,7 @@ TEST_F(OrchestratorFaultTest, ASlowOnlyDecodeWorkerIsWaitedFor) {
 
 // A prefill worker given up for being slow costs the request no attempt:
 // with one attempt allowed, it is still served by the other worker.
-TEST_F(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
+TEST_P(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
   prefill_silent_ = 1;
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,
@@ -503,7 +536,7 @@ TEST_F(OrchestratorFaultTest, GivingUpASlowWorkerCostsNoAttempt) {
 // A client whose deadline is shorter than a reservation takes gets
 // DEADLINE_EXCEEDED; the decode workers stay in service, and the next
 // client is served.
-TEST_F(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
+TEST_P(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
   for (auto& d : decodes_) d->reserve_delay = absl::Milliseconds(100);
   DisaggregatedOrchestrator orchestrator(
       &registry_, &policy_, &metrics_,
@@ -521,7 +554,7 @@ TEST_F(OrchestratorFaultTest, AShortDeadlineNeverTakesAWorkerOutOfService) {
 
 // Every decode worker without room: the request waits in the admission
 // queue (Start returns it) and is served once room comes, not failed.
-TEST_F(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
+TEST_P(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
   decode_fault_ = Fault::kFull;
   decode_faults_ = 6;  // refused three times by each of the two
   DisaggregatedOrchestrator orchestrator(
@@ -534,9 +567,28 @@ TEST_F(OrchestratorFaultTest, ARequestWaitsForRoomInsteadOfFailing) {
   EXPECT_EQ(orchestrator.queued(), 0);
 }
 
+// Push mode (what the gRPC adapter uses): tokens come through the ready
+// callback and Poll, in order; Next wakes for the first token and the end,
+// not per token. (Every test runs in both modes: faults and the admission
+// queue are handled alike.)
+TEST_P(OrchestratorFaultTest, PushModeRelaysTokensThroughTheCallback) {
+  DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
+  const Run run = Generate(orchestrator, 24);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.finished);
+  EXPECT_EQ(run.tokens, Expected(24));
+  if (push_) {
+    EXPECT_GE(run.callbacks, 1);
+    // First token, the end, and perhaps one more: not one per token.
+    EXPECT_LE(run.next_calls, 4);
+  } else {
+    EXPECT_EQ(run.callbacks, 0);
+  }
+}
+
 // With the queue full, a request that cannot be placed is refused at once
 // with RESOURCE_EXHAUSTED, reason overloaded, and a retry hint.
-TEST_F(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
+TEST_P(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
   decode_fault_ = Fault::kFull;
   decode_faults_ = 1000000;
   DisaggregatedOrchestrator orchestrator(
@@ -564,7 +616,7 @@ TEST_F(OrchestratorFaultTest, AFullQueueRefusesAtOnceWithARetryHint) {
 // Workers that come and go on new addresses (pods restarted elsewhere) do
 // not leave their channels behind: each round serves on a fresh pair and
 // the channels of the pairs that left are dropped once no call holds them.
-TEST_F(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
+TEST_P(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 1});
   std::vector<std::string> ids = {"prefill0", "prefill1", "decode0", "decode1"};
   for (int round = 0; round < 5; ++round) {
@@ -583,7 +635,7 @@ TEST_F(OrchestratorFaultTest, ChannelsOfWorkersThatLeftAreDropped) {
   }
 }
 
-TEST_F(OrchestratorFaultTest, AttemptsAreBounded) {
+TEST_P(OrchestratorFaultTest, AttemptsAreBounded) {
   prefill_failures_ = 100;
   DisaggregatedOrchestrator orchestrator(&registry_, &policy_, &metrics_, {.max_attempts = 2});
   const Run run = Generate(orchestrator, 12);
@@ -596,6 +648,11 @@ TEST_F(OrchestratorFaultTest, AttemptsAreBounded) {
   // stay in service.
   EXPECT_EQ(registry_.Live(Role::kPrefill, absl::Now()).size(), 2u);
 }
+
+INSTANTIATE_TEST_SUITE_P(ThreadAndPushMode, OrchestratorFaultTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Push" : "Thread";
+                         });
 
 }  // namespace
 }  // namespace pdserve::router

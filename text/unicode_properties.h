@@ -30,7 +30,10 @@ struct UnicodeProperty {
   // C shrink as code points are assigned; PCRE2's script names mean
   // Script_Extensions, Oniguruma's mean Script) or where the set is short.
   std::string engine_name;
-  CodePointSet added;  // in `set`, not in the property at the base version
+  // The ranges of `set` that hold a code point not in the property at the
+  // base version (so PCRE2's table at any version from the base version to
+  // the tables' version, plus these, is `set`).
+  CodePointSet added;
 };
 
 // The property of an Oniguruma \p{name}, the name matched loosely as

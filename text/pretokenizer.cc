@@ -11,18 +11,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "text/split_patterns.h"
 #include "text/utf8.h"
 
 namespace pdserve::text {
 namespace {
-
-// The GPT-2 pre-tokenization regex used by ByteLevel(use_regex = true).
-constexpr std::string_view kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// Unicode White_Space, written for the inside of a PCRE2 character class.
-constexpr std::string_view kWhiteSpaceClass =
-    R"(\t\n\x0B\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
 struct Alphabet {
   std::array<std::string, 256> chars;          // byte -> UTF-8 of its character
@@ -76,61 +69,6 @@ std::optional<std::string> ByteLevelAlphabet::Decode(std::string_view s) {
   return out;
 }
 
-absl::StatusOr<std::string> TranslateRegex(std::string_view pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 64);
-  bool in_class = false;
-  size_t class_start = 0;  // index in `pattern` just after '[' or '[^'
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\') {
-      if (i + 1 >= pattern.size()) {
-        return absl::InvalidArgumentError("regex ends with a lone backslash");
-      }
-      const char e = pattern[++i];
-      if (e == 's') {
-        if (in_class) {
-          out += kWhiteSpaceClass;
-        } else {
-          out += "[";
-          out += kWhiteSpaceClass;
-          out += "]";
-        }
-      } else if (e == 'S') {
-        if (in_class) {
-          return absl::InvalidArgumentError("regex: \\S inside a character class is not supported");
-        }
-        out += "[^";
-        out += kWhiteSpaceClass;
-        out += "]";
-      } else {
-        out.push_back(c);
-        out.push_back(e);
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out.push_back(c);
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
-      class_start = i + 1;
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      // POSIX class [:name:] inside a class: copy through ":]".
-      const size_t end = pattern.find(":]", i + 2);
-      if (end == std::string_view::npos) return absl::InvalidArgumentError("regex: unclosed [:");
-      out.append(pattern.substr(i, end + 2 - i));
-      i = end + 1;
-      continue;
-    }
-    if (in_class && c == ']' && i != class_start) in_class = false;
-    out.push_back(c);
-  }
-  if (in_class) return absl::InvalidArgumentError("regex: unclosed character class");
-  return out;
-}
-
 struct RegexSplitter::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
@@ -142,12 +80,13 @@ struct RegexSplitter::Impl {
 RegexSplitter::~RegexSplitter() = default;
 
 absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Create(std::string_view pattern,
-                                                                     bool literal) {
+                                                                     bool literal,
+                                                                     PropertyForm form) {
   std::string translated;
   if (literal) {
     translated = std::string(pattern);
   } else {
-    absl::StatusOr<std::string> t = TranslateRegex(pattern);
+    absl::StatusOr<std::string> t = TranslateRegex(pattern, form);
     if (!t.ok()) return t.status();
     translated = *std::move(t);
   }
@@ -172,6 +111,8 @@ absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Create(std::string
   splitter->impl_->jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   return splitter;
 }
+
+bool RegexSplitter::jit() const { return impl_->jit; }
 
 std::vector<std::pair<size_t, size_t>> RegexSplitter::FindAll(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;
@@ -297,7 +238,8 @@ absl::StatusOr<PreTokenizer> PreTokenizer::Create(std::vector<PreTokenizerStep> 
         return absl::InvalidArgumentError("Metaspace replacement must be one character");
       }
     } else if (std::get<ByteLevelStep>(step).use_regex && p.gpt2_ == nullptr) {
-      absl::StatusOr<std::unique_ptr<RegexSplitter>> gpt2 = RegexSplitter::Create(kGpt2Pattern);
+      absl::StatusOr<std::unique_ptr<RegexSplitter>> gpt2 =
+          RegexSplitter::Create(split_patterns::kGpt2);
       if (!gpt2.ok()) return gpt2.status();
       p.gpt2_ = *std::move(gpt2);
     }

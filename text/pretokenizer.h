@@ -4,10 +4,10 @@
 // printable characters byte-level vocabularies are written in ("Ġ" is the
 // space byte).
 //
-// Regexes are Oniguruma-syntax patterns from tokenizer.json, compiled with
-// PCRE2 (UTF + UCP) and JIT once. \s and \S are rewritten to the Unicode
-// White_Space property, which is what Oniguruma (and so the reference Rust
-// tokenizers) match; PCRE2's own \s differs (it takes U+180E).
+// Regexes are Oniguruma-syntax patterns from tokenizer.json, rewritten by
+// TranslateRegex (regex_translate.h: \s and \p{...} follow the Unicode 15.1
+// tables, as the reference Rust tokenizers' Oniguruma does), compiled with
+// PCRE2 (UTF + UCP) and JIT once.
 #pragma once
 
 #include <array>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "text/regex_translate.h"
 
 namespace pdserve::text {
 
@@ -40,10 +41,11 @@ class ByteLevelAlphabet {
 class RegexSplitter {
  public:
   // `pattern` is an Oniguruma-syntax regex (a tokenizer.json "Regex"), or,
-  // with `literal`, a plain string to find (a "String" pattern).
+  // with `literal`, a plain string to find (a "String" pattern). `form`:
+  // how its Unicode properties reach PCRE2 (regex_translate.h).
   // INVALID_ARGUMENT when it does not compile.
-  static absl::StatusOr<std::unique_ptr<RegexSplitter>> Create(std::string_view pattern,
-                                                               bool literal = false);
+  static absl::StatusOr<std::unique_ptr<RegexSplitter>> Create(
+      std::string_view pattern, bool literal = false, PropertyForm form = PropertyForm::kAuto);
   ~RegexSplitter();
   RegexSplitter(const RegexSplitter&) = delete;
   RegexSplitter& operator=(const RegexSplitter&) = delete;
@@ -53,15 +55,14 @@ class RegexSplitter {
   // stack limit), the rest of the text is left unmatched.
   std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
 
+  // Whether PCRE2 JIT-compiled the pattern (else its interpreter runs).
+  bool jit() const;
+
  private:
   RegexSplitter() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Rewrites an Oniguruma-syntax pattern for PCRE2: \s -> White_Space class,
-// \S -> its complement. INVALID_ARGUMENT for \S inside a character class.
-absl::StatusOr<std::string> TranslateRegex(std::string_view pattern);
 
 // How a Split step treats the matches (tokenizer.json "behavior").
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "text/pretokenizer.h"
+#include "text/split_patterns.h"
 
 namespace pdserve::engine {
 namespace {
@@ -22,8 +24,7 @@ constexpr const char* kSpecialTokens[] = {"<|begin_of_text|>", "<|end_of_text|>"
                                           "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
 
 // Llama 3's pre-tokenizer split pattern (tokenizer.json of Llama 3.x).
-constexpr char kLlama3Regex[] =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3Regex = text::split_patterns::kLlama3;
 
 // Meta-Llama-3-8B-Instruct's chat template, as its tokenizer_config.json has it.
 constexpr char kLlama3ChatTemplate[] =
@@ -149,7 +150,7 @@ absl::Status WriteDemoTokenizer(int vocab_size, const std::string& out_dir,
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers", Json::array({{{"type", "Split"},
-                                        {"pattern", {{"Regex", kLlama3Regex}}},
+                                        {"pattern", {{"Regex", std::string(kLlama3Regex)}}},
                                         {"behavior", "Isolated"},
                                         {"invert", false}},
                                        {{"type", "ByteLevel"},

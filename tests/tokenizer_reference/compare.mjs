@@ -30,7 +30,8 @@
 // library pdserve follows are kept out of the generated text: U+0085 and
 // U+FEFF (JS \s disagrees with Unicode White_Space), U+017F (Oniguruma and
 // PCRE2 case-fold it to "s" in (?i:'s)), and code points assigned after
-// Unicode 14 (PCRE2 10.42's tables). transformers.js ignores Metaspace's
+// Unicode 14 (node's tables are newer than pdserve's Unicode 15.1 ones; the
+// 15.0 / 15.1 additions are checked in tests/unit/text/unicode_regex_test). transformers.js ignores Metaspace's
 // "split", so "llama2-metaspace-split" leaves out strings with two spaces in
 // a row (where splitting changes the words). Decoding is compared with
 // clean_up_tokenization_spaces=false: pdserve returns the bytes the tokens

@@ -219,7 +219,7 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
   if (out.Write(formatter.Body())) out.End();
 }
 
-void OpenAiHttpServer::GenerateChoices(openai::ParsedRequest& parsed, const CallInfo& call,
+void OpenAiHttpServer::GenerateChoices(const openai::ParsedRequest& parsed, const CallInfo& call,
                                        http::ResponseWriter& out) {
   const int n = parsed.n;
   // n choices are n sequences of load: admitted all together or refused.
@@ -279,11 +279,16 @@ void OpenAiHttpServer::GenerateChoices(openai::ParsedRequest& parsed, const Call
       completion_tokens += o.delta->completion_tokens;
     }
   };
+  // The connection is looked at every `poll`, also while outputs keep coming.
+  absl::Time checked = absl::InfinitePast();
   while (num_begun < n || (!parsed.stream && num_finished < n)) {
-    if (gone()) {
-      fanout.Stop();
-      if (stopping()) SendError(out, absl::CancelledError("cancelled: the server is stopping"));
-      return;
+    if (absl::Now() - checked >= poll) {
+      checked = absl::Now();
+      if (gone()) {
+        fanout.Stop();
+        if (stopping()) SendError(out, absl::CancelledError("cancelled: the server is stopping"));
+        return;
+      }
     }
     std::optional<ChoiceFanout::Output> o = fanout.Next(poll);
     if (!o.has_value()) continue;

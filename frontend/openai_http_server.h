@@ -84,7 +84,7 @@ class OpenAiHttpServer {
   void Handle(const http::Request& req, http::ResponseWriter& out);
   void Generate(bool chat, const http::Request& req, http::ResponseWriter& out);
   // A request for n > 1 choices (ChoiceFanout).
-  void GenerateChoices(openai::ParsedRequest& parsed, const CallInfo& call,
+  void GenerateChoices(const openai::ParsedRequest& parsed, const CallInfo& call,
                        http::ResponseWriter& out);
   bool stopping() const { return stopping_.load(); }
 

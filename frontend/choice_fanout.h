@@ -8,9 +8,10 @@
 // whose KV cache holds the prompt's full blocks under their content hashes
 // (in use or evictable), and the router counts them among what that worker
 // caches; the prefix-aware routing sends the followers there, and each
-// computes only the prompt's last block (pdserve_prefix_cache_hits_total
-// grows by the rest). Waiting for one prefill costs the followers that
-// prefill's time, which they would spend computing the prompt themselves.
+// computes only the tokens after the last full block before the prompt's
+// last token (pdserve_prefix_cache_hits_total grows by the rest). Waiting
+// for one prefill costs the followers that prefill's time, which they
+// would spend computing the prompt themselves.
 //
 // Each choice runs on a thread of its own that owns its session (a
 // session is used from one thread); outputs queue for the caller. Stop ends

@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the gRPC, HTTP and metrics servers to");
 ABSL_FLAG(int, port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(int, max_n, 16,
+          "Most choices (OpenAI n) one request may ask for; each is a sequence of its own and "
+          "counts against --max_in_flight");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "Tool-call format of the model's replies: auto (from the chat template), hermes "
           "(<tool_call> JSON </tool_call>), llama3_json, none");
@@ -148,7 +151,7 @@ int Main() {
   }
   auto http_server = frontend::StartOpenAiHttpFromFlags(
       host, absl::GetFlag(FLAGS_http_port), absl::GetFlag(FLAGS_model_name), model_dir,
-      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser));
+      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser), absl::GetFlag(FLAGS_max_n));
   if (!http_server.ok()) {
     PDSERVE_LOG(ERROR) << http_server.status();
     return 1;

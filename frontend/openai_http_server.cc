@@ -7,6 +7,7 @@
 #include "common/base/logging.h"
 #include "common/http_server.h"
 #include "common/process_metrics.h"
+#include "frontend/choice_fanout.h"
 #include "frontend/errors.h"
 #include "frontend/openai_protocol.h"
 
@@ -118,9 +119,14 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
       openai::ParseRequest(api, req.body,
                            {.model_name = options_.model_name,
                             .add_bos = source.tokenizer->add_bos_token(),
-                            .tool_format = tool_format_});
+                            .tool_format = tool_format_,
+                            .max_n = options_.max_n});
   if (!parsed.ok()) {
     SendError(out, sessions_->Refuse(parsed.status(), "invalid_argument"));
+    return;
+  }
+  if (parsed->n > 1) {
+    GenerateChoices(*parsed, call, out);
     return;
   }
   const std::string id = openai::NewResponseId(api);
@@ -214,9 +220,134 @@ void OpenAiHttpServer::Generate(bool chat, const http::Request& req, http::Respo
   if (out.Write(formatter.Body())) out.End();
 }
 
+void OpenAiHttpServer::GenerateChoices(const openai::ParsedRequest& parsed, const CallInfo& call,
+                                       http::ResponseWriter& out) {
+  const int n = parsed.n;
+  // n choices are n sequences of load: admitted all together or refused.
+  // (Each choice's session then takes its slot; one refused in a race with
+  // other requests fails this request before its status is sent.)
+  const int max_in_flight = sessions_->options().max_in_flight;
+  if (sessions_->in_flight() + n > max_in_flight) {
+    SendError(out,
+              sessions_->Refuse(absl::ResourceExhaustedError(absl::StrCat(
+                                    sessions_->options().server_kind, " at capacity: ", n,
+                                    " choices do not fit in ", max_in_flight,
+                                    " sequences in flight (", sessions_->in_flight(), " now)")),
+                                "capacity"));
+    return;
+  }
+  const std::string id = openai::NewResponseId(parsed.api);
+  const absl::Duration poll = options_.poll;
+  auto gone = [&] { return stopping() || out.ClientGone(); };
+  absl::StatusOr<std::unique_ptr<ChoiceFanout>> started =
+      ChoiceFanout::Start(*sessions_, ChoiceRequests(parsed.request, id, n), call, gone, poll);
+  if (!started.ok()) {
+    if (started.status().code() != absl::StatusCode::kCancelled || stopping()) {
+      SendError(out, started.status());
+    }
+    return;
+  }
+  ChoiceFanout& fanout = **started;
+  const text::Tokenizer& tokenizer = *sessions_->prompt_source().tokenizer;
+  std::vector<std::unique_ptr<openai::ResponseFormatter>> formatters;
+  for (int i = 0; i < n; ++i) {
+    formatters.push_back(std::make_unique<openai::ResponseFormatter>(
+        parsed.api, id, absl::ToUnixSeconds(call.arrival), options_.model_name, tokenizer,
+        parsed.include_usage, parsed.request.sampling.logprobs >= 0, parsed.tool_format, i));
+  }
+
+  // The status is decided once every choice has produced its first output
+  // (a choice refused or failed before is the response's error); a
+  // non-streamed response, once all have finished.
+  std::vector<Delta> held;  // streamed: outputs before the status
+  std::vector<int> held_index;
+  std::vector<bool> begun(n, false);
+  int num_begun = 0, num_finished = 0, prompt_tokens = 0, completion_tokens = 0;
+  absl::Status failure;
+  auto take = [&](ChoiceFanout::Output& o) {
+    if (!o.delta.ok()) {
+      failure = o.delta.status();
+      fanout.Stop();
+      return;
+    }
+    if (!begun[o.index]) {
+      begun[o.index] = true;
+      ++num_begun;
+    }
+    if (o.delta->finished) {
+      ++num_finished;
+      prompt_tokens = o.delta->prompt_tokens;
+      completion_tokens += o.delta->completion_tokens;
+    }
+  };
+  // The connection is looked at every `poll`, also while outputs keep coming.
+  absl::Time checked = absl::InfinitePast();
+  while (num_begun < n || (!parsed.stream && num_finished < n)) {
+    if (absl::Now() - checked >= poll) {
+      checked = absl::Now();
+      if (gone()) {
+        fanout.Stop();
+        if (stopping()) SendError(out, absl::CancelledError("cancelled: the server is stopping"));
+        return;
+      }
+    }
+    std::optional<ChoiceFanout::Output> o = fanout.Next(poll);
+    if (!o.has_value()) continue;
+    take(*o);
+    if (!failure.ok()) {
+      SendError(out, failure);
+      return;
+    }
+    if (parsed.stream) {
+      held.push_back(*std::move(o->delta));
+      held_index.push_back(o->index);
+    } else {
+      formatters[o->index]->Add(*o->delta);
+    }
+  }
+
+  if (!parsed.stream) {
+    std::vector<const openai::ResponseFormatter*> all;
+    for (const auto& f : formatters) all.push_back(f.get());
+    out.Send(200, kJson, openai::ResponseFormatter::Body(all));
+    return;
+  }
+  if (!out.Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
+    return;  // the client left; the fan-out ends every choice
+  }
+  auto relay = [&](int index, const Delta& delta) {
+    if (stopping()) return false;
+    for (const std::string& chunk : formatters[index]->Chunks(delta)) {
+      if (!out.Write(Event(chunk))) return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (!relay(held_index[i], held[i])) return;
+  }
+  while (num_finished < n) {
+    std::optional<ChoiceFanout::Output> o = fanout.Next(poll);
+    if (!o.has_value()) {
+      if (gone()) return;
+      continue;
+    }
+    take(*o);
+    if (!failure.ok()) break;
+    if (!relay(o->index, *o->delta)) return;
+  }
+  if (!failure.ok()) {
+    if (failure.code() == absl::StatusCode::kCancelled) return;
+    if (!out.Write(Event(openai::ErrorBody(failure)))) return;
+  } else if (parsed.include_usage &&
+             !out.Write(Event(formatters[0]->UsageChunk(prompt_tokens, completion_tokens)))) {
+    return;
+  }
+  if (out.Write(Event("[DONE]"))) out.End();
+}
+
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
-    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser) {
+    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser, int max_n) {
   if (port < 0) return nullptr;
   return OpenAiHttpServer::Start(
       {.host = host,
@@ -224,7 +355,8 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
        .model_name = model_name.empty() ? ModelNameOf(model_dir) : model_name,
        .max_threads = std::max(max_in_flight, 0) + 64,
        .max_connections = std::max(max_in_flight, 0) + 1024,
-       .tool_call_parser = tool_call_parser},
+       .tool_call_parser = tool_call_parser,
+       .max_n = max_n},
       sessions);
 }
 

@@ -40,6 +40,9 @@ class ResponseWriter;
 }  // namespace pdserve::http
 
 namespace pdserve::frontend {
+namespace openai {
+struct ParsedRequest;
+}  // namespace openai
 
 struct OpenAiHttpOptions {
   std::string host = "127.0.0.1";
@@ -62,6 +65,9 @@ struct OpenAiHttpOptions {
   // The model's tool-call format: "auto" (from the chat template), "hermes",
   // "llama3_json" or "none" (frontend/tool_calls.h).
   std::string tool_call_parser = "auto";
+  // Most choices (`n`) per request; each choice is a sequence of its own
+  // (frontend/choice_fanout.h), admitted as one of --max_in_flight.
+  int max_n = 16;
 };
 
 class OpenAiHttpServer {
@@ -79,6 +85,9 @@ class OpenAiHttpServer {
   OpenAiHttpServer(OpenAiHttpOptions options, SessionManager* sessions, ToolCallFormat tool_format);
   void Handle(const http::Request& req, http::ResponseWriter& out);
   void Generate(bool chat, const http::Request& req, http::ResponseWriter& out);
+  // A request for n > 1 choices (ChoiceFanout).
+  void GenerateChoices(const openai::ParsedRequest& parsed, const CallInfo& call,
+                       http::ResponseWriter& out);
   bool stopping() const { return stopping_.load(); }
 
   const OpenAiHttpOptions options_;
@@ -93,9 +102,10 @@ class OpenAiHttpServer {
 // name is `model_name`, else ModelNameOf(model_dir) (common/process_metrics.h:
 // config.json's _name_or_path, else the directory's last component); threads
 // and connections follow the admission limit (max_in_flight + 64 threads,
-// max_in_flight + 1024 connections).
+// max_in_flight + 1024 connections); `max_n` caps the choices per request.
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttpFromFlags(
     const std::string& host, int port, const std::string& model_name, const std::string& model_dir,
-    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser = "auto");
+    int max_in_flight, SessionManager* sessions, const std::string& tool_call_parser = "auto",
+    int max_n = 16);
 
 }  // namespace pdserve::frontend

@@ -74,6 +74,9 @@ absl::Status ReadInt64(const Json& obj, absl::string_view name, int64_t min, int
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
     if (u > static_cast<uint64_t>(max)) return FieldError(name, absl::StrCat(" is above ", max));
+    if (min > 0 && u < static_cast<uint64_t>(min)) {
+      return FieldError(name, absl::StrCat(" is below ", min));
+    }
     *out = static_cast<int64_t>(u);
     return absl::OkStatus();
   }
@@ -237,7 +240,7 @@ absl::Status ReadTokenIds(const Json& array, const std::string& field, std::vect
 }
 
 // Sampling and the other fields both APIs share.
-absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
+absl::Status ReadCommon(const Json& obj, int max_n, ParsedRequest* out) {
   Request& r = out->request;
   engine::SamplingParams& p = r.sampling;
   p.temperature = 1.0f;  // OpenAI's default
@@ -283,9 +286,12 @@ absl::Status ReadCommon(const Json& obj, ParsedRequest* out) {
     if (!spec.ok()) return spec.status();
     r.sampling.grammar_spec = *std::move(spec);
   }
-  int n = 1;
-  PDSERVE_RETURN_IF_ERROR(ReadInt(obj, "n", &n));
-  if (n != 1) return Unsupported("n", "only 1 choice per request is supported");
+  std::optional<int64_t> n;
+  PDSERVE_RETURN_IF_ERROR(ReadInt64(obj, "n", 1, std::numeric_limits<int32_t>::max(), &n));
+  if (n.has_value() && *n > max_n) {
+    return Unsupported("n", absl::StrCat("at most ", max_n, " choices per request, got ", *n));
+  }
+  out->n = static_cast<int>(n.value_or(1));
   if (const Json* bias = Find(obj, "logit_bias")) {
     if (!bias->is_object()) return TypeError("logit_bias", "an object");
     if (!bias->empty()) return Unsupported("logit_bias", "not supported");
@@ -432,7 +438,9 @@ absl::Status ReadCompletion(const Json& obj, const ParseOptions& options, Parsed
   if (!suffix.empty()) return Unsupported("suffix", "not supported");
   int best_of = 1;
   PDSERVE_RETURN_IF_ERROR(ReadInt(obj, "best_of", &best_of));
-  if (best_of != 1) return Unsupported("best_of", "only 1 is supported");
+  if (best_of != 1) {
+    return Unsupported("best_of", "only 1 is supported (n asks for several choices, all returned)");
+  }
   return absl::OkStatus();
 }
 
@@ -546,7 +554,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body,
                                                       options.model_name, "`")),
                      "model");
   }
-  PDSERVE_RETURN_IF_ERROR(ReadCommon(doc, &out));
+  PDSERVE_RETURN_IF_ERROR(ReadCommon(doc, options.max_n, &out));
   if (api == Api::kChat) {
     PDSERVE_RETURN_IF_ERROR(ReadChat(doc, options, &out));
   } else {
@@ -623,7 +631,8 @@ std::string NewResponseId(Api api) {
 
 ResponseFormatter::ResponseFormatter(Api api, std::string id, int64_t created, std::string model,
                                      const text::Tokenizer& tokenizer, bool include_usage,
-                                     bool logprobs, ToolCallFormat tool_format)
+                                     bool logprobs, ToolCallFormat tool_format,
+                                     std::optional<int> choice)
     : api_(api),
       id_(std::move(id)),
       created_(created),
@@ -632,6 +641,8 @@ ResponseFormatter::ResponseFormatter(Api api, std::string id, int64_t created, s
       include_usage_(include_usage),
       logprobs_(logprobs),
       tool_format_(api == Api::kChat ? tool_format : ToolCallFormat::kNone),
+      index_(choice.value_or(0)),
+      usage_chunk_(!choice.has_value()),
       tool_parser_(tool_format_) {}
 
 namespace {
@@ -697,7 +708,7 @@ std::vector<std::string> ResponseFormatter::Chunks(const Delta& delta) {
   };
   if (chat && !sent_role_) {
     sent_role_ = true;
-    chunk(Json{{"index", 0},
+    chunk(Json{{"index", index_},
                {"delta", {{"role", "assistant"}, {"content", ""}}},
                {"logprobs", nullptr},
                {"finish_reason", nullptr}});
@@ -707,15 +718,19 @@ std::vector<std::string> ResponseFormatter::Chunks(const Delta& delta) {
   } else {
     PlainChunks(delta, chunk);
   }
-  if (delta.finished && include_usage_) {
-    out.push_back(Dump(Json{{"id", id_},
-                            {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                            {"created", created_},
-                            {"model", model_},
-                            {"choices", Json::array()},
-                            {"usage", Usage(delta.prompt_tokens, delta.completion_tokens)}}));
+  if (delta.finished && include_usage_ && usage_chunk_) {
+    out.push_back(UsageChunk(delta.prompt_tokens, delta.completion_tokens));
   }
   return out;
+}
+
+std::string ResponseFormatter::UsageChunk(int prompt_tokens, int completion_tokens) const {
+  return Dump(Json{{"id", id_},
+                   {"object", api_ == Api::kChat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", created_},
+                   {"model", model_},
+                   {"choices", Json::array()},
+                   {"usage", Usage(prompt_tokens, completion_tokens)}});
 }
 
 std::string ResponseFormatter::FinishReason(const Delta& delta) const {
@@ -759,13 +774,13 @@ void ResponseFormatter::ToolChunks(const Delta& delta, const std::function<void(
       }
       d["tool_calls"] = std::move(calls);
     }
-    chunk(Json{{"index", 0},
+    chunk(Json{{"index", index_},
                {"delta", std::move(d)},
                {"logprobs", std::exchange(logprobs, nullptr)},
                {"finish_reason", nullptr}});
   }
   if (!logprobs.is_null() || delta.finished) {
-    chunk(Json{{"index", 0},
+    chunk(Json{{"index", index_},
                {"delta", Json::object()},
                {"logprobs", std::move(logprobs)},
                {"finish_reason", delta.finished ? Json(FinishReason(delta)) : Json(nullptr)}});
@@ -776,7 +791,7 @@ void ResponseFormatter::PlainChunks(const Delta& delta, const std::function<void
   const bool chat = api_ == Api::kChat;
   const bool has_logprobs = logprobs_ && !delta.logprobs.empty();
   if (!delta.text.empty() || has_logprobs || delta.finished) {
-    Json choice = {{"index", 0}};
+    Json choice = {{"index", index_}};
     if (chat) {
       choice["delta"] =
           delta.text.empty() && delta.finished ? Json::object() : Json{{"content", delta.text}};
@@ -801,9 +816,9 @@ void ResponseFormatter::Add(const Delta& delta) {
   }
 }
 
-std::string ResponseFormatter::Body() const {
+Json ResponseFormatter::ChoiceJson() const {
   const bool chat = api_ == Api::kChat;
-  Json choice = {{"index", 0}};
+  Json choice = {{"index", index_}};
   std::string finish_reason = finish_reason_;
   if (chat && tool_format_ != ToolCallFormat::kNone) {
     ParsedToolOutput parsed = ParseToolOutput(tool_format_, text_);
@@ -836,12 +851,28 @@ std::string ResponseFormatter::Body() const {
     choice["logprobs"] = nullptr;
   }
   choice["finish_reason"] = finish_reason.empty() ? Json(nullptr) : Json(finish_reason);
-  return Dump(Json{{"id", id_},
-                   {"object", chat ? "chat.completion" : "text_completion"},
-                   {"created", created_},
-                   {"model", model_},
-                   {"choices", Json::array({std::move(choice)})},
-                   {"usage", Usage(prompt_tokens_, completion_tokens_)}});
+  return choice;
+}
+
+std::string ResponseFormatter::Body() const {
+  const ResponseFormatter* self = this;
+  return Body(std::span<const ResponseFormatter* const>(&self, 1));
+}
+
+std::string ResponseFormatter::Body(std::span<const ResponseFormatter* const> choices) {
+  const ResponseFormatter& first = *choices.front();
+  Json list = Json::array();
+  int completion_tokens = 0;
+  for (const ResponseFormatter* c : choices) {
+    list.push_back(c->ChoiceJson());
+    completion_tokens += c->completion_tokens_;
+  }
+  return Dump(Json{{"id", first.id_},
+                   {"object", first.api_ == Api::kChat ? "chat.completion" : "text_completion"},
+                   {"created", first.created_},
+                   {"model", first.model_},
+                   {"choices", std::move(list)},
+                   {"usage", Usage(first.prompt_tokens_, completion_tokens)}});
 }
 
 }  // namespace pdserve::frontend::openai

@@ -11,16 +11,18 @@
 // stop, presence_penalty, frequency_penalty, repetition_penalty, min_tokens,
 // ignore_eos, stop_token_ids, logprobs and top_logprobs, stream,
 // stream_options.include_usage, user, chat_template_kwargs (booleans), n
-// (1 only), response_format (text, json_object, json_schema: see
+// (1..ParseOptions::max_n choices), response_format (text, json_object, json_schema: see
 // frontend/structured_output.h), tools / tool_choice / parallel_tool_calls
 // (frontend/tool_calls.h). An unknown field is ignored; a field of the
 // wrong type is INVALID_ARGUMENT naming it; a known field asking for
-// something pdserve does not do (n > 1, echo, suffix, logit_bias,
-// best_of > 1) is INVALID_ARGUMENT naming it.
+// something pdserve does not do (echo, suffix, logit_bias, best_of > 1)
+// is INVALID_ARGUMENT naming it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +49,8 @@ struct ParseOptions {
   // replies are parsed for calls in it, and tool_choice "required" or a
   // named function is enforced with its grammar.
   ToolCallFormat tool_format = ToolCallFormat::kNone;
+  // Most choices (`n`) one request may ask for.
+  int max_n = 16;
 };
 
 struct ParsedRequest {
@@ -54,6 +58,7 @@ struct ParsedRequest {
   Request request;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  int n = 1;                   // choices: 1..max_n
   ToolsRequest tools;
   // The format the reply is parsed in: kNone without tools or with
   // tool_choice "none".
@@ -82,9 +87,13 @@ class ResponseFormatter {
   // `logprobs`: the request asked for them.
   // `tool_format`: chat replies are split into content and tool_calls
   // (finish_reason "tool_calls" when there are calls); kNone: plain content.
+  // `choice`: the formatter of that choice of several (n > 1): its chunks
+  // carry that index, and the stream's usage chunk is the caller's
+  // (UsageChunk, once every choice finished).
   ResponseFormatter(Api api, std::string id, int64_t created, std::string model,
                     const text::Tokenizer& tokenizer, bool include_usage, bool logprobs,
-                    ToolCallFormat tool_format = ToolCallFormat::kNone);
+                    ToolCallFormat tool_format = ToolCallFormat::kNone,
+                    std::optional<int> choice = std::nullopt);
 
   // Streaming: the JSON payloads of the server-sent events for `delta`, in
   // order (each goes out as "data: <payload>\n\n"; the caller ends the stream
@@ -94,6 +103,12 @@ class ResponseFormatter {
   // Not streaming: takes each delta in turn; Body() once the last is in.
   void Add(const Delta& delta);
   std::string Body() const;
+  // The response of several choices, each formatter holding one (all of
+  // one request): usage counts the prompt once and sums the completions,
+  // as OpenAI does.
+  static std::string Body(std::span<const ResponseFormatter* const> choices);
+  // The stream's last chunk before [DONE] when the client asked for usage.
+  std::string UsageChunk(int prompt_tokens, int completion_tokens) const;
 
  private:
   using Json = nlohmann::ordered_json;
@@ -103,6 +118,8 @@ class ResponseFormatter {
   // "tool_calls" where a stopped reply made calls.
   std::string FinishReason(const Delta& delta) const;
   Json LogprobsOf(const Delta& delta);
+  // The non-streamed choice object.
+  Json ChoiceJson() const;
 
   const Api api_;
   const std::string id_;
@@ -112,6 +129,8 @@ class ResponseFormatter {
   const bool include_usage_;
   const bool logprobs_;
   const ToolCallFormat tool_format_;
+  const int index_;             // the choice's index
+  const bool usage_chunk_;      // the stream ends with this formatter's usage chunk
   ToolCallParser tool_parser_;  // streaming, with tool_format_
   bool sent_role_ = false;      // chat streams open with the assistant role
   int64_t text_offset_ = 0;     // completions logprobs: bytes of token text so far

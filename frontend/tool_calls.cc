@@ -52,10 +52,11 @@ size_t ArgumentsEnd(std::string_view s) {
   return end;
 }
 
-// Matches `{"name": "<name>", "arguments": ` (blanks anywhere JSON allows)
+// Matches `{"name": "<name>", "<key>": ` (blanks anywhere JSON allows)
 // at the start of `s`. Returns the offset of the arguments; 0 while `s` is
 // too short to tell; npos when it does not match.
-size_t MatchCallHead(std::string_view s, std::string* name) {
+size_t MatchCallHead(std::string_view s, std::string* name,
+                     std::string_view key = "\"arguments\"") {
   size_t i = 0;
   auto blanks = [&] {
     while (i < s.size() && absl::ascii_isspace(s[i])) ++i;
@@ -94,13 +95,23 @@ size_t MatchCallHead(std::string_view s, std::string* name) {
   blanks();
   if (size_t r = expect(","); r != 1) return r;
   blanks();
-  if (size_t r = expect("\"arguments\""); r != 1) return r;
+  if (size_t r = expect(key); r != 1) return r;
   blanks();
   if (size_t r = expect(":"); r != 1) return r;
   blanks();
   if (i >= s.size()) return 0;
   *name = decoded.get<std::string>();
   return i;
+}
+
+// MatchCallHead for llama3_json: "parameters", or "arguments" as some
+// fine-tunes write.
+size_t MatchLlamaCallHead(std::string_view s, std::string* name) {
+  const size_t p = MatchCallHead(s, name, "\"parameters\"");
+  if (p != 0 && p != std::string_view::npos) return p;
+  const size_t a = MatchCallHead(s, name, "\"arguments\"");
+  if (a != 0 && a != std::string_view::npos) return a;
+  return p == 0 || a == 0 ? 0 : std::string_view::npos;
 }
 
 // The call object of one function, as the format writes it.
@@ -268,20 +279,69 @@ std::vector<ToolCallParser::Piece> ToolCallParser::Feed(std::string_view text) {
     FeedHermes(out);
     return out;
   }
-  // llama3_json: the whole output is a call when it opens with { or the tag.
+  FeedLlama(out);
+  return out;
+}
+
+void ToolCallParser::FeedLlama(std::vector<Piece>& out) {
+  // The whole output is a call when it opens with { or the tag.
   if (!llama_decided_) {
     const std::string_view s = StripLeadingBlanks(held_);
     if (s.empty() || (s.size() < kPythonTag.size() && kPythonTag.substr(0, s.size()) == s)) {
-      return out;  // too early to tell
+      return;  // too early to tell
     }
     llama_decided_ = true;
     llama_json_ = s[0] == '{' || StartsWith(s, kPythonTag);
   }
-  if (!llama_json_ && !held_.empty()) {
-    out.push_back(Piece{.content = std::move(held_)});
-    held_.clear();
+  if (!llama_json_) {
+    if (!held_.empty()) out.push_back(Piece{.content = std::exchange(held_, std::string())});
+    return;
   }
-  return out;
+  if (llama_whole_) return;
+  if (!call_started_) {
+    std::string_view body = StripLeadingBlanks(held_);
+    if (StartsWith(body, kPythonTag)) body = StripLeadingBlanks(body.substr(kPythonTag.size()));
+    std::string name;
+    const size_t at = MatchLlamaCallHead(body, &name);
+    if (at == 0) return;  // too early to tell
+    if (at == std::string_view::npos || body[at] != '{') {
+      llama_whole_ = true;  // another layout: parsed whole at the end
+      return;
+    }
+    out.push_back(Piece{.index = calls_, .id = NewToolCallId(), .name = std::move(name)});
+    call_started_ = true;
+    args_begin_ = (body.data() - held_.data()) + at;
+    args_sent_ = 0;
+  }
+  StreamLlamaArguments(out);
+}
+
+void ToolCallParser::StreamLlamaArguments(std::vector<Piece>& out) {
+  const std::string_view args = std::string_view(held_).substr(args_begin_);
+  while (!args_done_ && args_scanned_ < args.size()) {
+    const char c = args[args_scanned_++];
+    if (args_in_string_) {
+      if (args_escape_) {
+        args_escape_ = false;
+      } else if (c == '\\') {
+        args_escape_ = true;
+      } else if (c == '"') {
+        args_in_string_ = false;
+      }
+    } else if (c == '"') {
+      args_in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      ++args_depth_;
+    } else if ((c == '}' || c == ']') && --args_depth_ == 0) {
+      args_done_ = true;
+    }
+  }
+  if (args_scanned_ > args_sent_) {
+    out.push_back(
+        Piece{.index = calls_,
+              .arguments = std::string(args.substr(args_sent_, args_scanned_ - args_sent_))});
+    args_sent_ = args_scanned_;
+  }
 }
 
 void ToolCallParser::FeedHermes(std::vector<Piece>& out) {
@@ -387,24 +447,40 @@ std::vector<ToolCallParser::Piece> ToolCallParser::Finish() {
     held_.clear();
     return out;
   }
-  if (format_ == ToolCallFormat::kLlama3Json && !held_.empty()) {
-    std::string_view body = StripLeadingBlanks(held_);
-    if (StartsWith(body, kPythonTag)) body.remove_prefix(kPythonTag.size());
-    const Json call = Json::parse(std::string(body), nullptr, false);
-    const auto name = call.is_object() ? call.find("name") : call.end();
-    auto args = call.is_object() ? call.find("parameters") : call.end();
-    if (args == call.end() && call.is_object()) args = call.find("arguments");
-    if (name != call.end() && name->is_string() && args != call.end() && args->is_object()) {
-      out.push_back(Piece{.index = calls_,
-                          .id = NewToolCallId(),
-                          .name = name->get<std::string>(),
-                          .arguments = args->dump()});
-      ++calls_;
-    } else {
-      out.push_back(Piece{.content = held_});
-    }
+  if (format_ == ToolCallFormat::kLlama3Json) return FinishLlama();
+  return out;
+}
+
+std::vector<ToolCallParser::Piece> ToolCallParser::FinishLlama() {
+  std::vector<Piece> out;
+  if (call_started_) {
+    // Every argument byte is out; after the object, the call's closing
+    // brace. Anything else after it is content.
+    ++calls_;
+    std::string_view rest = std::string_view(held_).substr(args_begin_ + args_sent_);
+    rest = StripLeadingBlanks(rest);
+    if (!rest.empty() && rest.front() == '}') rest = StripLeadingBlanks(rest.substr(1));
+    if (!rest.empty()) out.push_back(Piece{.content = std::string(rest)});
     held_.clear();
+    return out;
   }
+  if (held_.empty()) return out;
+  std::string_view body = StripLeadingBlanks(held_);
+  if (StartsWith(body, kPythonTag)) body.remove_prefix(kPythonTag.size());
+  const Json call = Json::parse(std::string(body), nullptr, false);
+  const auto name = call.is_object() ? call.find("name") : call.end();
+  auto args = call.is_object() ? call.find("parameters") : call.end();
+  if (args == call.end() && call.is_object()) args = call.find("arguments");
+  if (name != call.end() && name->is_string() && args != call.end() && args->is_object()) {
+    out.push_back(Piece{.index = calls_,
+                        .id = NewToolCallId(),
+                        .name = name->get<std::string>(),
+                        .arguments = args->dump()});
+    ++calls_;
+  } else {
+    out.push_back(Piece{.content = held_});
+  }
+  held_.clear();
   return out;
 }
 

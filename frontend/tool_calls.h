@@ -11,7 +11,10 @@
 //                is content
 //   llama3_json  {"name": "f", "parameters": {...}} as the whole output,
 //                optionally after <|python_tag|> (Llama 3.1 / 3.2 / 3.3
-//                JSON tool calling)
+//                JSON tool calling); "arguments" is taken for "parameters".
+//                Streamed like hermes when the name comes first and the
+//                arguments are an object; other layouts are held to the end
+//                and parsed whole.
 #pragma once
 
 #include <string>
@@ -91,6 +94,10 @@ class ToolCallParser {
   // A call's text (between the tags) begun: emits what can be emitted.
   void StreamCall(bool closed, std::vector<Piece>& out);
   void CloseCall(const std::string& call_text, std::vector<Piece>& out);
+  void FeedLlama(std::vector<Piece>& out);
+  // llama3_json: emits the arguments object's bytes scanned so far.
+  void StreamLlamaArguments(std::vector<Piece>& out);
+  std::vector<Piece> FinishLlama();
 
   const ToolCallFormat format_;
   std::string held_;  // text not yet emitted
@@ -101,6 +108,15 @@ class ToolCallParser {
   size_t args_sent_ = 0;           // argument bytes already emitted
   bool llama_json_ = false;        // llama3_json: the output is held as a call
   bool llama_decided_ = false;
+  bool llama_whole_ = false;  // llama3_json: not streamable, parsed at the end
+  // llama3_json arguments (from args_begin_ in held_): bytes scanned, the
+  // object's nesting depth there, inside a string / after a backslash, and
+  // whether the object closed (its length is then args_sent_).
+  size_t args_scanned_ = 0;
+  int args_depth_ = 0;
+  bool args_in_string_ = false;
+  bool args_escape_ = false;
+  bool args_done_ = false;
   int calls_ = 0;
 };
 

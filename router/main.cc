@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "plaintext");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(int, http_port, 0, "OpenAI-compatible HTTP port (0: any free port; -1: no HTTP server)");
+ABSL_FLAG(int, max_n, 16,
+          "Most choices (OpenAI n) one request may ask for; each is a sequence of its own and "
+          "counts against --max_in_flight");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "Tool-call format of the model's replies: auto (from the chat template), hermes "
           "(<tool_call> JSON </tool_call>), llama3_json, none");
@@ -203,7 +206,7 @@ int Main() {
   }
   auto http_server = frontend::StartOpenAiHttpFromFlags(
       host, absl::GetFlag(FLAGS_http_port), absl::GetFlag(FLAGS_model_name), model_dir,
-      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser));
+      max_in_flight, &sessions, absl::GetFlag(FLAGS_tool_call_parser), absl::GetFlag(FLAGS_max_n));
   if (!http_server.ok()) {
     PDSERVE_LOG(ERROR) << http_server.status();
     return 1;

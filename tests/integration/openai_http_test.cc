@@ -374,6 +374,19 @@ TEST_F(OpenAiHttpTest, OfficialOpenAiClient) {
   EXPECT_EQ(out["chat_stream"]["finish_reason"], chat.finish_reason);
   EXPECT_EQ(out["chat_stream"]["usage"]["completion_tokens"], chat.tokens.size());
 
+  // n = 3 with a seed: three choices, the same whole and streamed.
+  const Json& choices = out["choices"];
+  ASSERT_EQ(choices["whole"]["choices"].size(), 3u) << choices.dump();
+  EXPECT_EQ(choices["stream"]["choices"], choices["whole"]["choices"]);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(choices["whole"]["choices"][i]["index"], i);
+    EXPECT_EQ(choices["whole"]["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_NE(choices["whole"]["choices"][0]["content"], choices["whole"]["choices"][1]["content"]);
+  EXPECT_EQ(choices["whole"]["usage"]["prompt_tokens"], chat_prompt.size());
+  EXPECT_EQ(choices["whole"]["usage"]["completion_tokens"], 3 * 20);
+  EXPECT_EQ(choices["stream"]["usage"], choices["whole"]["usage"]);
+
   EXPECT_EQ(out["bad_type"]["status"], 400);
   EXPECT_EQ(out["bad_type"]["param"], "temperature");
   EXPECT_EQ(out["bad_role"]["status"], 400);

@@ -85,9 +85,7 @@ class ToolCallsTest : public ::testing::Test {
     return out;
   }
 
-  // `streamed_arguments`: arguments arrive in pieces (hermes); llama3_json
-  // holds a reply that opens as a call to its end (one piece per call).
-  static void ExpectLoops(const Json& out, bool streamed_arguments) {
+  static void ExpectLoops(const Json& out) {
     ASSERT_EQ(out["loops"].size(), 12u) << out.dump();
     for (const Json& loop : out["loops"]) {
       const Json& first = loop["first"];
@@ -103,12 +101,9 @@ class ToolCallsTest : public ::testing::Test {
           EXPECT_EQ(call["name"], "get_time") << where;
         }
       }
-      if (loop["stream"] == true && streamed_arguments) {
-        // Arguments arrive in pieces as they are generated.
+      if (loop["stream"] == true) {
+        // Arguments arrive in pieces as they are generated (both formats).
         EXPECT_GT(first["argument_deltas"].get<int>(), static_cast<int>(first["calls"].size()))
-            << where;
-      } else if (loop["stream"] == true) {
-        EXPECT_EQ(first["argument_deltas"].get<int>(), static_cast<int>(first["calls"].size()))
             << where;
       }
       // The answer turn (tool_choice none) is plain content.
@@ -142,7 +137,7 @@ TEST_F(ToolCallsTest, HermesLoopsOnADisaggregatedCluster) {
   const Json out = RunLoops(cluster.router_http_port(), "hermes", &skipped);
   if (skipped) GTEST_SKIP() << "node and npm are not installed";
   ASSERT_FALSE(out.is_discarded());
-  ExpectLoops(out, /*streamed_arguments=*/true);
+  ExpectLoops(out);
 }
 
 TEST_F(ToolCallsTest, Llama3JsonLoopsOnTheColocatedServer) {
@@ -162,7 +157,7 @@ TEST_F(ToolCallsTest, Llama3JsonLoopsOnTheColocatedServer) {
   const Json out = RunLoops(http_port, "llama3_json", &skipped);
   if (skipped) GTEST_SKIP() << "node and npm are not installed";
   ASSERT_FALSE(out.is_discarded());
-  ExpectLoops(out, /*streamed_arguments=*/false);
+  ExpectLoops(out);
 }
 
 }  // namespace

@@ -77,6 +77,20 @@ out.chat_stream = await collect(await client.chat.completions.create(
   { model, messages: cfg.messages, max_tokens: cfg.chatMaxTokens, temperature: 0, stream: true,
     stream_options: { include_usage: true } }), true);
 
+// n = 3 choices with a seed, whole and through the client's own stream
+// accumulator: the same three choices, each under its index.
+const choicesParams = { model, messages: cfg.messages, max_tokens: cfg.chatMaxTokens,
+                        temperature: 1, seed: 7, ignore_eos: true, n: 3 };
+const whole = await client.chat.completions.create(choicesParams);
+const accumulated = await client.chat.completions.stream(
+  { ...choicesParams, stream: true, stream_options: { include_usage: true } }).finalChatCompletion();
+const summary = (r) => ({
+  choices: r.choices.map((c) => ({ index: c.index, content: c.message.content,
+                                   finish_reason: c.finish_reason })),
+  usage: r.usage,
+});
+out.choices = { whole: summary(whole), stream: summary(accumulated) };
+
 out.bad_type = await error(client.completions.create({ model, prompt: 'x', temperature: 'hot' }));
 out.bad_role = await error(client.chat.completions.create(
   { model, messages: [{ role: 'narrator', content: 'x' }], max_tokens: 2 }));

@@ -144,7 +144,10 @@ TEST(OpenAiParseTest, WrongTypesAndUnsupportedFieldsNameTheField) {
       {Api::kCompletions, R"({"prompt": [1, "a"]})", "prompt[1]"},
       {Api::kCompletions, R"({"prompt": ["a", "b"]})", "prompt"},
       {Api::kCompletions, R"({})", "prompt"},
-      {Api::kCompletions, R"({"prompt": "x", "n": 2})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "n": 0})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "n": 17})", "n"},
+      {Api::kChat, R"({"messages": [], "n": 1.5})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "best_of": 2})", "best_of"},
       {Api::kCompletions, R"({"prompt": "x", "echo": true})", "echo"},
       {Api::kCompletions, R"({"prompt": "x", "logprobs": 21})", "logprobs"},
       {Api::kCompletions, R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
@@ -173,6 +176,27 @@ TEST(OpenAiParseTest, WrongTypesAndUnsupportedFieldsNameTheField) {
 // A list of `n` copies of `item`.
 Json ListOf(int n, const Json& item) {
   return Json(std::vector<Json>(static_cast<size_t>(n), item));
+}
+
+TEST(OpenAiParseTest, SeveralChoicesUpToTheCap) {
+  auto one = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->n, 1);
+  auto three = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 3, "seed": 9})");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->n, 3);
+  EXPECT_EQ(three->request.seed, 9u);
+  ParseOptions capped = kOptions;
+  capped.max_n = 4;
+  EXPECT_TRUE(ParseRequest(Api::kCompletions, R"({"prompt": "x", "n": 4})", capped).ok());
+  auto over = ParseRequest(Api::kCompletions, R"({"prompt": "x", "n": 5})", capped);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(ErrorField(over.status()), "n");
+  EXPECT_THAT(over.status().message(), HasSubstr("at most 4 choices"));
+  // best_of stays refused, whatever n is.
+  auto best_of = Completion(R"({"prompt": "x", "n": 2, "best_of": 2})");
+  ASSERT_FALSE(best_of.ok());
+  EXPECT_EQ(ErrorField(best_of.status()), "best_of");
 }
 
 TEST(OpenAiParseTest, ListsOverTheirLimitsAreRefusedNamingTheField) {
@@ -416,6 +440,53 @@ TEST(OpenAiFormatTest, CompletionStreamAndWholeResponse) {
   EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(body["choices"][0]["message"]["content"], "ok");
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiFormatTest, SeveralChoicesCarryTheirIndexAndShareOneUsage) {
+  text::ByteTokenizer tokenizer(300);
+  std::vector<std::unique_ptr<ResponseFormatter>> stream, whole;
+  for (int i = 0; i < 2; ++i) {
+    stream.push_back(std::make_unique<ResponseFormatter>(Api::kChat, "chatcmpl-3", 1, "demo",
+                                                         tokenizer, /*include_usage=*/true, false,
+                                                         ToolCallFormat::kNone, i));
+    whole.push_back(std::make_unique<ResponseFormatter>(
+        Api::kCompletions, "cmpl-3", 1, "demo", tokenizer, false, false, ToolCallFormat::kNone, i));
+  }
+  // Streamed: each choice opens with its role, every chunk names its index,
+  // and no choice ends the stream with a usage chunk of its own.
+  std::vector<std::string> chunks = stream[1]->Chunks(TokenDelta({'b'}, "b", false));
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(Json::parse(chunks[0])["choices"][0]["index"], 1);
+  EXPECT_EQ(Json::parse(chunks[0])["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(Json::parse(chunks[1])["choices"][0]["index"], 1);
+  EXPECT_EQ(Json::parse(chunks[1])["choices"][0]["delta"]["content"], "b");
+  EXPECT_TRUE(Json::parse(chunks[1])["usage"].is_null());
+  chunks = stream[0]->Chunks(TokenDelta({'a'}, "a", false));
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(Json::parse(chunks[1])["choices"][0]["index"], 0);
+  chunks = stream[1]->Chunks(LastDelta(engine::FinishReason::kLength, 4, 1));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(Json::parse(chunks[0])["choices"][0]["finish_reason"], "length");
+  const Json usage = Json::parse(stream[0]->UsageChunk(4, 3));
+  EXPECT_EQ(usage["choices"], Json::array());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+
+  // Whole: one choice each, in order; the prompt counted once.
+  whole[0]->Add(TokenDelta({'x', 'y'}, "xy", false));
+  whole[0]->Add(LastDelta(engine::FinishReason::kLength, 4, 2));
+  whole[1]->Add(TokenDelta({'z'}, "z", false));
+  whole[1]->Add(LastDelta(engine::FinishReason::kStop, 4, 1));
+  const std::vector<const ResponseFormatter*> all = {whole[0].get(), whole[1].get()};
+  const Json body = Json::parse(ResponseFormatter::Body(all));
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["text"], "xy");
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["text"], "z");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(body["usage"]["total_tokens"], 7);
 }
 
 TEST(OpenAiFormatTest, ModelsListAndIds) {

@@ -157,6 +157,69 @@ TEST(ToolCallsTest, Llama3Json) {
   EXPECT_EQ(ParseToolOutput(ToolCallFormat::kLlama3Json, R"({"a": 1})").content, R"({"a": 1})");
 }
 
+TEST(ToolCallsTest, Llama3JsonArgumentsStreamAsTheyAreGenerated) {
+  const std::string args =
+      R"({"city": "Paris \"le {centre}\"", "days": [1, {"x": "]"}], "unit": "c"})";
+  for (const std::string& call :
+       {R"(<|python_tag|>{"name": "get_weather", "parameters": )" + args + "}",
+        R"(  {"name":"get_weather","arguments":)" + args + " }\n"}) {
+    const ParsedToolOutput whole = ParseToolOutput(ToolCallFormat::kLlama3Json, call);
+    ASSERT_EQ(whole.calls.size(), 1u) << call;
+    EXPECT_EQ(whole.calls[0].name, "get_weather");
+    EXPECT_EQ(whole.calls[0].arguments, args);  // as generated, byte for byte
+    EXPECT_EQ(whole.content, "");
+    for (size_t step : {1, 2, 3, 7, 64}) {
+      int argument_pieces = 0;
+      const ParsedToolOutput s =
+          Streamed(ToolCallFormat::kLlama3Json, call, step, &argument_pieces);
+      ASSERT_EQ(s.calls.size(), 1u) << step;
+      EXPECT_EQ(s.calls[0].name, "get_weather");
+      EXPECT_EQ(s.calls[0].arguments, args) << step;
+      EXPECT_EQ(s.content, "") << step;
+      if (step == 1) EXPECT_GT(argument_pieces, 10);
+    }
+  }
+  // Token by token: the call's id and name go out once the head is in, the
+  // arguments' bytes as they come, before the output ends.
+  ToolCallParser parser(ToolCallFormat::kLlama3Json);
+  EXPECT_TRUE(parser.Feed(R"({"name": "get_ti)").empty());
+  std::vector<ToolCallParser::Piece> head = parser.Feed(R"(me", "parameters": {"zo)");
+  ASSERT_EQ(head.size(), 2u);
+  EXPECT_EQ(head[0].name, "get_time");
+  EXPECT_THAT(head[0].id, ::testing::StartsWith("call_"));
+  EXPECT_EQ(head[1].index, 0);
+  EXPECT_EQ(head[1].arguments, R"({"zo)");
+  std::vector<ToolCallParser::Piece> more = parser.Feed(R"(ne": "UTC"})");
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].arguments, R"(ne": "UTC"})");
+  EXPECT_TRUE(parser.Feed("}").empty());  // the call's own closing brace
+  EXPECT_TRUE(parser.Finish().empty());
+  EXPECT_EQ(parser.calls(), 1);
+}
+
+TEST(ToolCallsTest, Llama3JsonOtherLayoutsAndLeftovers) {
+  // Name after the arguments: held, parsed whole at the end.
+  const ParsedToolOutput late =
+      Streamed(ToolCallFormat::kLlama3Json, R"({"parameters": {"a": 1}, "name": "f"})", 1);
+  ASSERT_EQ(late.calls.size(), 1u);
+  EXPECT_EQ(late.calls[0].name, "f");
+  EXPECT_EQ(Json::parse(late.calls[0].arguments), Json::parse(R"({"a": 1})"));
+  // Arguments that are no object: no call.
+  const std::string text = R"({"name": "f", "parameters": 3})";
+  EXPECT_TRUE(Streamed(ToolCallFormat::kLlama3Json, text, 1).calls.empty());
+  EXPECT_EQ(Streamed(ToolCallFormat::kLlama3Json, text, 1).content, text);
+  // Text after the call object is content; a reply cut short keeps its call.
+  const ParsedToolOutput after =
+      Streamed(ToolCallFormat::kLlama3Json, R"({"name": "f", "parameters": {}} thanks)", 2);
+  ASSERT_EQ(after.calls.size(), 1u);
+  EXPECT_EQ(after.calls[0].arguments, "{}");
+  EXPECT_EQ(after.content, "thanks");
+  const ParsedToolOutput cut =
+      Streamed(ToolCallFormat::kLlama3Json, R"({"name": "f", "parameters": {"a": [1,)", 1);
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, R"({"a": [1,)");
+}
+
 // A byte vocabulary with a few multi-byte tokens and an EOS.
 std::shared_ptr<engine::grammar::GrammarCompiler> ByteCompiler(int* eos) {
   std::vector<std::string> bytes;

@@ -200,9 +200,14 @@ TEST_F(ChoiceFanoutTest, AFailedChoiceIsAnOutputAndStopCancelsTheOthers) {
   EXPECT_THAT(failure.message(), ::testing::HasSubstr("decode worker lost"));
   (*fanout)->Stop();
   fanout->reset();  // joins
+  // Choice 2 may not have started when Stop came (then it never starts);
+  // every session that did start ended: the failed one as an error, the
+  // others (choice 0 at least) cancelled.
+  const int started = static_cast<int>(orchestrator_.jobs().size());
+  EXPECT_GE(started, 2);
   EXPECT_EQ(Requests("error"), 1);
-  EXPECT_EQ(Requests("cancelled"), 2);
-  EXPECT_EQ(orchestrator_.log.destroyed.load(), 3);
+  EXPECT_EQ(Requests("cancelled"), started - 1);
+  EXPECT_EQ(orchestrator_.log.destroyed.load(), started);
   EXPECT_EQ(sessions_->in_flight(), 0);
 }
 

@@ -511,6 +511,11 @@ TEST_F(DisaggregatedEnginesTest, ChunkedPrefillGeneratesTheSameTokens) {
 // Starts `prompts` through `prefill` into `decode`, all at once, and
 // returns each request's tokens (first token included) once every stream
 // has ended; an empty vector for a request that failed (with ADD_FAILURE).
+// Every request is admitted on the decode engine before the first prompt is
+// submitted: admitting each right before its prompt let the earlier streams
+// decode, and grow their KV, while the later ones were still being admitted,
+// so a full cache refused an admission (RESOURCE_EXHAUSTED, which a router
+// answers by waiting or by another decode worker) 1 run in about 10.
 std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
                                          decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
                                          const std::vector<std::vector<int32_t>>& prompts,
@@ -521,15 +526,18 @@ std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
     auto s = decode.Admit({.prompt = prompt, .sampling = params});
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return {};
-    auto session =
-        sender.Open(decode.kv_endpoint(), (*s)->transfer_id(), prefill.SpecFor(prompt.size()));
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int32_t>& prompt = prompts[i];
+    auto session = sender.Open(decode.kv_endpoint(), streams[i]->transfer_id(),
+                               prefill.SpecFor(prompt.size()));
     EXPECT_TRUE(session.ok()) << session.status();
     if (!session.ok()) return {};
     auto t =
         prefill.Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return {};
-    streams.push_back(*s);
     tickets.push_back(*t);
   }
   std::vector<std::vector<int32_t>> out(prompts.size());

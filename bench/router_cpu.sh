@@ -30,14 +30,15 @@
 #   bench/router_cpu.sh [--bin BUILD_DIR] [--tools_bin BUILD_DIR] [--out DIR]
 #       [--rates "2 4 8"] [--duration_s 30] [--slow_streams 1000]
 #       [--slow_window_s 30] [--idle_s 30] [--paced_rates "20"]   # "" or 0: no such rows
-#       [--paced_interval_ms 20] [--label NAME]
+#       [--paced_interval_ms 20] [--label NAME] [--decode_flags "--stream_interval=4"]
 # --bin: the router and workers (e.g. another checkout's build, to compare);
 # --tools_bin: pdserve_loadgen and pdserve_paced_workers (default: this
-# checkout's build).
+# checkout's build). --decode_flags: extra flags of the demo model's decode
+# worker (the load rows), e.g. --stream_interval=4 (tokens per message).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build" tools_bin="" out="" rates="2 4 8" duration=30 slow=1000 slow_window=30 idle=30
-label="" paced_rates="20" paced_interval=20
+label="" paced_rates="20" paced_interval=20 decode_flags=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -51,6 +52,7 @@ while [ $# -gt 0 ]; do
     --label) label=$2; shift 2 ;;
     --paced_rates) paced_rates=$2; shift 2 ;;
     --paced_interval_ms) paced_interval=$2; shift 2 ;;
+    --decode_flags) decode_flags=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -69,7 +71,7 @@ clk_tck=$(getconf CLK_TCK)
 # shellcheck source=bench/loadgen/bench_lib.sh
 . "$root/bench/loadgen/bench_lib.sh"
 bench_machine_info "$out/machine.txt" "$root"
-echo "router and workers: $bin ($label); tools: $tools_bin" >> "$out/machine.txt"
+echo "router and workers: $bin ($label); tools: $tools_bin; decode flags: ${decode_flags:-none}" >> "$out/machine.txt"
 
 paced_pid="" loadgen_pid=""
 cleanup() {
@@ -119,7 +121,7 @@ row() {  # what tokens open_streams cpu_ticks window_s
 start_cluster() {  # prefill decode
   local info
   info=$("$root/deploy/local/cluster.sh" start --model "$model" --prefill "$1" --decode "$2" \
-           --threads 1 --work "$out/cluster" --bin "$bin")
+           --threads 1 --work "$out/cluster" --bin "$bin" --decode_flags "$decode_flags")
   router=$(echo "$info" | sed -n 's/.*router=\([^ ]*\).*/\1/p')
   router_pid=$(head -1 "$out/cluster/pids")
   metrics_port=$(sed -n 's/.*"metrics_port":"\([^"]*\)".*/\1/p' "$out/cluster/router.ready")

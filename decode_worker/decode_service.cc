@@ -43,6 +43,9 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal:
   }
 
   std::vector<DecodeOutput> outputs;
+  // Tokens not yet written: up to stream_interval_ - 1 of them between
+  // writes.
+  internal::v1::DecodeEvent tokens;
   while (true) {
     if (context->IsCancelled()) {
       engine_->Cancel(**stream);
@@ -50,7 +53,6 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal:
     }
     outputs.clear();
     if (!(*stream)->Next(absl::Milliseconds(50), &outputs)) continue;
-    internal::v1::DecodeEvent tokens;
     for (DecodeOutput& out : outputs) {
       if (!out.error.ok()) {
         engine_->Cancel(**stream);
@@ -72,9 +74,12 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const internal:
         return grpc::Status::OK;
       }
     }
-    if (tokens.tokens().token_ids_size() > 0 && !writer->Write(tokens)) {
-      engine_->Cancel(**stream);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
+    if (tokens.tokens().token_ids_size() >= stream_interval_) {
+      if (!writer->Write(tokens)) {
+        engine_->Cancel(**stream);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "caller went away");
+      }
+      tokens.Clear();
     }
   }
 }

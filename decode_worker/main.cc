@@ -75,6 +75,9 @@ ABSL_FLAG(bool, speculative_adaptive, true,
 ABSL_FLAG(int, speculative_max_batch, 4,
           "No proposals in a step with more decoding sequences than this (0: no limit): at "
           "larger batches a step is compute-bound and verification costs about 1 + k plain steps");
+ABSL_FLAG(int, stream_interval, 1,
+          "Tokens of a stream sent to the router in one message (1: each as it is sampled; N: "
+          "bursts of N steps, N times fewer messages per token for this worker and the router)");
 ABSL_FLAG(int, drain_timeout_ms, 30000, "On SIGTERM, how long running requests may take to finish");
 ABSL_FLAG(std::string, ready_file, "", "Write bound ports here as JSON once serving");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -173,7 +176,12 @@ int Main() {
   auto grammars =
       engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
   if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
-  decode::DecodeService service(engine.get(), grammars.ok() ? grammars->get() : nullptr);
+  if (absl::GetFlag(FLAGS_stream_interval) < 1) {
+    PDSERVE_LOG(ERROR) << "--stream_interval must be at least 1";
+    return 2;
+  }
+  decode::DecodeService service(engine.get(), grammars.ok() ? grammars->get() : nullptr,
+                                absl::GetFlag(FLAGS_stream_interval));
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

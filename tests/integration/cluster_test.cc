@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -434,6 +435,51 @@ TEST_F(ClusterTest, MetricsCountTtftAndItl) {
   ASSERT_TRUE(prefill_text.ok());
   EXPECT_NE(prefill_text->find("pdserve_prefill_queue_depth"), std::string::npos);
   EXPECT_GT(WorkerMetric(*cluster_->decode()[0], "pdserve_decode_step_seconds_count"), 0);
+}
+
+// A decode worker with --stream_interval=4 sends a stream's tokens four
+// steps at a time: the client gets the same tokens, greedy and seeded, in
+// about a quarter of the messages, and a stream that ends between two
+// bursts still gets its last tokens with its end.
+TEST(StreamIntervalClusterTest, TokensComeInBurstsAndEqualTheInProcessEngine) {
+  const std::string work_dir = ::testing::TempDir() + "/pdserve_stream_interval_test";
+  std::filesystem::remove_all(work_dir);
+  const std::string model_dir = work_dir + "/model";
+  engine::ModelConfig config = engine::DefaultDemoConfig();
+  config.max_position_embeddings = 512;
+  ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/7, "f32", model_dir).ok());
+  LocalCluster cluster(ClusterOptions{
+      .model_dir = model_dir, .work_dir = work_dir, .decode_flags = {"--stream_interval=4"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto runner =
+      engine::CreateModelRunner({.model_dir = model_dir, .num_kv_blocks = 128, .num_threads = 1});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  auto stub = cluster.NewClient();
+  const std::vector<int32_t> prompt = {256, 72, 101, 108, 108, 111};
+  // 25 tokens: the first from the prefill worker, then 24 = six bursts of
+  // four; 23: five bursts and the last three with the end.
+  for (int max_tokens : {25, 23}) {
+    for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(5)}) {
+      engine::SamplingParams params{.max_tokens = max_tokens, .ignore_eos = true};
+      v1::GenerateRequest request = TokenRequest(prompt, max_tokens);
+      request.mutable_sampling()->set_ignore_eos(true);
+      if (seed.has_value()) {
+        params.temperature = 0.9f;
+        params.seed = *seed;
+        request.mutable_sampling()->set_temperature(0.9f);
+        request.mutable_sampling()->set_seed(*seed);
+      }
+      auto expected = engine::GenerateLocally(**runner, prompt, params);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      StreamResult got = RunGenerate(*stub, request);
+      ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+      EXPECT_EQ(got.tokens, expected->tokens) << max_tokens;
+      EXPECT_EQ(got.last.usage().completion_tokens(), max_tokens);
+      // One message for the first token, one per burst, perhaps one for the
+      // end: at most 9, where one token per message would be 25 or 23.
+      EXPECT_LE(got.messages, 1 + (max_tokens - 1 + 3) / 4 + 1) << max_tokens;
+    }
+  }
 }
 
 // A model that ships tokenizer files, a chat template and

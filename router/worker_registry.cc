@@ -101,6 +101,7 @@ absl::Status WorkerRegistry::Register(const WorkerDesc& desc, const LoadReport& 
     return s;
   }
   absl::MutexLock lock(&mu_);
+  NoteHeardLocked(now);
   ExpireLocked(now);
   Entry& e = workers_[desc.id];
   const bool is_new = e.desc.id.empty();
@@ -141,6 +142,7 @@ void WorkerRegistry::TakeReportLocked(Entry& e, const LoadReport& load, absl::Ti
 
 bool WorkerRegistry::Heartbeat(const std::string& id, const LoadReport& load, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  NoteHeardLocked(now);
   ExpireLocked(now);
   auto it = workers_.find(id);
   if (it == workers_.end()) return false;
@@ -316,6 +318,11 @@ void OutstandingWork::Release() {
   std::exchange(registry_, nullptr)->FinishWork(id_, incarnation_, tokens_);
 }
 
+void WorkerRegistry::NoteHeardLocked(absl::Time now) {
+  if (now - last_heard_ > options_.ttl / 2) intake_resumed_ = now;
+  last_heard_ = std::max(last_heard_, now);
+}
+
 void WorkerRegistry::ExpireLocked(absl::Time now) {
   if (last_activity_ != absl::InfinitePast() && now - last_activity_ > options_.ttl &&
       !workers_.empty()) {
@@ -328,8 +335,18 @@ void WorkerRegistry::ExpireLocked(absl::Time now) {
     }
   }
   last_activity_ = std::max(last_activity_, now);
+  // A worker's silence counts only while others are heard: another worker
+  // heard at least half a ttl after this one's last heartbeat, with the
+  // intake running for half a ttl since its last gap (heartbeats held up
+  // together arrive together, and the first must not expire the rest).
+  // Otherwise the router's intake, or the whole machine, is what stalled,
+  // and a worker gets up to twice the ttl.
+  const bool intake_running = now - intake_resumed_ >= options_.ttl / 2;
   for (auto it = workers_.begin(); it != workers_.end();) {
-    if (now - it->second.last_seen > options_.ttl) {
+    const absl::Duration silent = now - it->second.last_seen;
+    const bool others_heard =
+        intake_running && last_heard_ - it->second.last_seen >= options_.ttl / 2;
+    if (silent > options_.ttl && (others_heard || silent > 2 * options_.ttl)) {
       PDSERVE_LOG(WARNING) << "worker " << it->first << " missed its heartbeats for "
                            << absl::FormatDuration(now - it->second.last_seen) << "; dropped";
       it = workers_.erase(it);

@@ -190,7 +190,10 @@ class WorkerRegistry {
   // running (stopped, starved): workers' heartbeats could not be heard, so
   // each worker gets one `ttl` from `now` before it can expire (and one
   // hang timeout before it can be judged hung), rather than the whole pool
-  // expiring at once.
+  // expiring at once. Likewise while no worker at all is heard (the
+  // router's heartbeat intake starved while other calls ran, or the whole
+  // machine starved): a silent worker expires after one ttl only when
+  // another worker was heard at least half a ttl after it, else after two.
   explicit WorkerRegistry(absl::Duration ttl) : WorkerRegistry(RegistryOptions{.ttl = ttl}) {}
   explicit WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {}
 
@@ -259,6 +262,8 @@ class WorkerRegistry {
   friend class OutstandingWork;
   void FinishWork(const std::string& id, uint64_t incarnation, int64_t tokens);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat or registration arrived at `now` (before ExpireLocked).
+  void NoteHeardLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's health apart from expiry (ExpireLocked first).
   Judgement HealthLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes a load report: progress tracking, then the report itself.
@@ -274,6 +279,10 @@ class WorkerRegistry {
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // ordered: deterministic ties
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time last_activity_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The newest heartbeat or registration, and when they resumed after a
+  // gap of over half a ttl (ExpireLocked).
+  absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time intake_resumed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pdserve::router

@@ -41,26 +41,67 @@ TEST(WorkerRegistryTest, ARouterPausedLongerThanTheTtlDoesNotExpireItsPool) {
   const absl::Time resume = kT0 + absl::Seconds(11);
   EXPECT_EQ(registry.Live(Role::kDecode, resume).size(), 2u);
   EXPECT_EQ(registry.Live(Role::kPrefill, resume).size(), 1u);
-  // d1 and p1 are heard within the grace; d2 is not.
+  // d1 and p1 are heard within the grace, and go on; d2 is not.
   Tick(registry, resume, resume + absl::Seconds(1));
-  EXPECT_TRUE(registry.Heartbeat("d1", {}, resume + absl::Seconds(1)));
-  EXPECT_TRUE(registry.Heartbeat("p1", {}, resume + absl::Seconds(1)));
-  Tick(registry, resume + absl::Seconds(1), resume + absl::Milliseconds(3500));
+  for (absl::Time t = resume + absl::Seconds(1); t < resume + absl::Milliseconds(3500);
+       t += absl::Milliseconds(250)) {
+    EXPECT_TRUE(registry.Heartbeat("d1", {}, t));
+    EXPECT_TRUE(registry.Heartbeat("p1", {}, t));
+  }
   auto live = registry.Live(Role::kDecode, resume + absl::Milliseconds(3500));
   ASSERT_EQ(live.size(), 1u);
   EXPECT_EQ(live[0].desc.id, "d1");
   EXPECT_EQ(registry.CountLive(Role::kPrefill, resume + absl::Milliseconds(3500)), 1);
 }
 
-// Without a pause, a silent worker expires one ttl after it was last heard,
-// however many other calls happen meanwhile.
+// Without a pause, a silent worker expires one ttl after it was last heard
+// while another worker is heard, however many other calls happen meanwhile.
 TEST(WorkerRegistryTest, ASilentWorkerExpiresWhileTheRouterRuns) {
   WorkerRegistry registry(absl::Seconds(3));
   ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
-  Tick(registry, kT0, kT0 + absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  for (absl::Time t = kT0; t < kT0 + absl::Milliseconds(3250); t += absl::Milliseconds(250)) {
+    EXPECT_TRUE(registry.Heartbeat("p1", {}, t));
+    registry.CountLive(Role::kDecode, t);
+  }
   EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Seconds(3)), 1);
-  Tick(registry, kT0 + absl::Seconds(3), kT0 + absl::Milliseconds(3250));
   EXPECT_EQ(registry.CountLive(Role::kDecode, kT0 + absl::Milliseconds(3250)), 0);
+}
+
+// While no worker at all is heard (the router's heartbeat intake starved
+// while requests still ran through it, or the whole machine starved), the
+// pool does not empty after one ttl: heartbeats that arrive within two
+// ttls keep every worker; one that stays silent longer expires.
+TEST(WorkerRegistryTest, WhenNobodyIsHeardThePoolWaitsTwoTtls) {
+  WorkerRegistry registry(absl::Seconds(3));
+  ASSERT_TRUE(registry.Register(Desc("p1", Role::kPrefill), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  ASSERT_TRUE(registry.Register(Desc("d2", Role::kDecode), {}, kT0).ok());
+  Tick(registry, kT0, kT0 + absl::Seconds(5));  // requests run; no heartbeat
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0 + absl::Seconds(5)).size(), 2u);
+  EXPECT_EQ(registry.Live(Role::kPrefill, kT0 + absl::Seconds(5)).size(), 1u);
+  // The stalled heartbeats arrive together, d2's not: the first does not
+  // expire the others; once the others have been heard for half a ttl,
+  // d2's silence counts, and it expires.
+  EXPECT_TRUE(registry.Heartbeat("p1", {}, kT0 + absl::Seconds(5)));
+  EXPECT_TRUE(registry.Heartbeat("d1", {}, kT0 + absl::Milliseconds(5001)));
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0 + absl::Milliseconds(5250)).size(), 2u);
+  for (absl::Time t = kT0 + absl::Milliseconds(5250); t <= kT0 + absl::Seconds(6);
+       t += absl::Milliseconds(250)) {
+    EXPECT_TRUE(registry.Heartbeat("p1", {}, t));
+    EXPECT_TRUE(registry.Heartbeat("d1", {}, t));
+  }
+  EXPECT_EQ(registry.Live(Role::kDecode, kT0 + absl::Seconds(6)).size(), 2u);
+  // Half a ttl after the heartbeats resumed (5 s), and past two ttls: d2 goes.
+  auto live = registry.Live(Role::kDecode, kT0 + absl::Milliseconds(6500));
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].desc.id, "d1");
+  // A lone worker's silence: dropped after two ttls.
+  WorkerRegistry lone(absl::Seconds(3));
+  ASSERT_TRUE(lone.Register(Desc("d1", Role::kDecode), {}, kT0).ok());
+  Tick(lone, kT0, kT0 + absl::Seconds(6));
+  EXPECT_EQ(lone.CountLive(Role::kDecode, kT0 + absl::Seconds(6)), 1);
+  EXPECT_EQ(lone.CountLive(Role::kDecode, kT0 + absl::Milliseconds(6250)), 0);
 }
 
 // A worker whose connection a call found broken is not offered until it is

@@ -617,30 +617,45 @@ TEST_F(DisaggregatedEnginesTest, WithoutPrefixCachingNothingIsReused) {
 // decode worker has 14. Lazy growth admits them all (2 blocks each), and
 // growth preempts the newest, which are recomputed later on the decode
 // worker: every stream must still equal an uninterrupted generation.
-class PreemptionTest : public DisaggregatedEnginesTest,
-                       public ::testing::WithParamInterface<bool> {};
+class PreemptionTest : public DisaggregatedEnginesTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  // A decode engine on a runner of 14 blocks (the transfer writes into its
+  // own KV regions), prefix caching as the parameter says.
+  std::unique_ptr<decode::DecodeEngine> SmallDecode() {
+    small_runner_ = Runner(model_, 14);
+    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner_->kv_regions());
+    EXPECT_TRUE(receiver.ok()) << receiver.status();
+    if (!receiver.ok()) return nullptr;
+    small_receiver_ = std::move(*receiver);
+    return std::make_unique<decode::DecodeEngine>(
+        decode::DecodeEngineOptions{.max_running = 8,
+                                    .kv_headroom_tokens = 8,
+                                    .enable_prefix_caching = GetParam(),
+                                    .recompute_chunk_tokens = 24},
+        small_runner_.get(), small_receiver_.get(), &decode_metrics_);
+  }
+  // Six prompts of 20 tokens.
+  static std::vector<std::vector<int32_t>> Prompts() {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int r = 0; r < 6; ++r) {
+      std::vector<int32_t> p;
+      for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
+      prompts.push_back(p);
+    }
+    return prompts;
+  }
+
+  std::unique_ptr<engine::ModelRunner> small_runner_;
+  std::unique_ptr<kvtransfer::KvReceiver> small_receiver_;
+};
 
 TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
-  auto small_runner = Runner(model_, 14);
-  // The transfer writes into the small runner's own KV regions.
-  auto small_receiver =
-      kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
-  ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
-  auto decode = std::make_unique<decode::DecodeEngine>(
-      decode::DecodeEngineOptions{.max_running = 8,
-                                  .kv_headroom_tokens = 8,
-                                  .enable_prefix_caching = GetParam(),
-                                  .recompute_chunk_tokens = 24},
-      small_runner.get(), small_receiver->get(), &decode_metrics_);
+  auto decode = SmallDecode();
+  ASSERT_NE(decode, nullptr);
   auto prefill = MakePrefill(prefill_runner_.get());
   engine::SamplingParams params{
       .temperature = 0.8f, .seed = 3, .max_tokens = 60, .ignore_eos = true};
-  std::vector<std::vector<int32_t>> prompts;
-  for (int r = 0; r < 6; ++r) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
-    prompts.push_back(p);
-  }
+  const std::vector<std::vector<int32_t>> prompts = Prompts();
   std::vector<std::vector<int32_t>> got =
       RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
   ASSERT_EQ(got.size(), prompts.size());
@@ -665,23 +680,12 @@ TEST_P(PreemptionTest, PreemptedConstrainedStreamsResumeUnderTheSameMask) {
   ASSERT_TRUE(grammars.ok()) << grammars.status();
   const nlohmann::ordered_json schema = testing::LongSchema(/*min_tags=*/5);
   const std::string spec = testing::SpecOf(schema);
-  auto small_runner = Runner(model_, 14);
-  auto small_receiver =
-      kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
-  ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
-  auto decode = std::make_unique<decode::DecodeEngine>(
-      decode::DecodeEngineOptions{.max_running = 8,
-                                  .kv_headroom_tokens = 8,
-                                  .enable_prefix_caching = GetParam(),
-                                  .recompute_chunk_tokens = 24},
-      small_runner.get(), small_receiver->get(), &decode_metrics_);
+  auto decode = SmallDecode();
+  ASSERT_NE(decode, nullptr);
   auto prefill = MakePrefill(prefill_runner_.get());
-  std::vector<std::vector<int32_t>> prompts;
+  const std::vector<std::vector<int32_t>> prompts = Prompts();
   std::vector<engine::SamplingParams> params;
   for (int r = 0; r < 6; ++r) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
-    prompts.push_back(p);
     params.push_back({.temperature = 0.8f, .seed = 3u + r, .max_tokens = 90});
   }
   std::vector<std::vector<int32_t>> got =

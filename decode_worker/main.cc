@@ -170,10 +170,9 @@ int Main() {
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics, *std::move(spec));
   // Structured output needs each token's bytes: the tokenizer, once.
-  auto grammars =
-      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
-  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
-  decode::DecodeService service(engine.get(), grammars.ok() ? grammars->get() : nullptr);
+  const std::unique_ptr<engine::grammar::GrammarCompiler> grammars =
+      engine::grammar::WorkerGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  decode::DecodeService service(engine.get(), grammars.get());
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

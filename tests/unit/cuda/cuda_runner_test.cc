@@ -355,14 +355,7 @@ TEST_F(CudaRunnerTest, DecodeCrossingAContextBucketCapturesTheNextGraphOrFallsBa
 // only place the backends may rightly differ); a CUDA token the mask
 // forbids would be -inf there.
 TEST_F(CudaRunnerTest, ConstrainedGenerationValidatesAndFollowsTheCpuWhereNumericsAllow) {
-  ModelConfig config = engine::DefaultDemoConfig();  // the demo tokenizer's 320 ids
-  config.hidden_size = 64;
-  config.intermediate_size = 128;
-  config.num_layers = 2;
-  config.num_heads = 4;
-  config.num_kv_heads = 2;
-  config.head_dim = 16;
-  config.max_position_embeddings = 256;
+  const ModelConfig config = models::TinyDemoConfig();
   const std::string dir = models::WriteTinyModel(config, 7, "f32", "cuda_constrained");
   ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, dir).ok());
   auto grammars = engine::grammar::CreateGrammarCompiler(dir, config);

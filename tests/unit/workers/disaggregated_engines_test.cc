@@ -15,6 +15,7 @@
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 #include "prefill_worker/prefill_engine.h"
+#include "tests/unit/engine/tiny_models.h"
 #include "tests/util/constrained_output.h"
 #include "tests/util/poll.h"
 #include "tools/model_writer.h"
@@ -23,17 +24,7 @@
 namespace pdserve {
 namespace {
 
-engine::ModelConfig TinyConfig() {
-  engine::ModelConfig c = engine::DefaultDemoConfig();
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 256;
-  return c;
-}
+engine::ModelConfig TinyConfig() { return engine::testing_models::TinyDemoConfig(); }
 
 std::string WriteModel(uint64_t seed) {
   const std::string dir = ::testing::TempDir() + "/disagg_model_" + std::to_string(seed);

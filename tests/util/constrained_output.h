@@ -73,25 +73,27 @@ inline std::string TextOf(const engine::grammar::TokenVocabulary& vocab,
 // Where `value` breaks `schema` ("" when it validates), for the keywords
 // LongSchema uses: type (object, array, boolean, null), properties,
 // required, additionalProperties false, items, minItems, maxItems, enum,
-// anyOf, and $ref to #/$defs/<name> of `root`.
+// anyOf, and $ref to #/$defs/<name> of `root` (objects are closed: every
+// member must be a listed property). A schema missing what its keywords
+// need throws (the test fails).
 inline std::string SchemaViolation(const nlohmann::ordered_json& root,
                                    const nlohmann::ordered_json& schema,
                                    const nlohmann::ordered_json& value,
                                    const std::string& at = "$") {
   if (schema.contains("$ref")) {
-    const std::string ref = schema["$ref"];
+    const std::string ref = schema.at("$ref");
     const std::string prefix = "#/$defs/";
     if (ref.rfind(prefix, 0) != 0) return absl::StrCat(at, ": unsupported $ref ", ref);
-    return SchemaViolation(root, root["$defs"][ref.substr(prefix.size())], value, at);
+    return SchemaViolation(root, root.at("$defs").at(ref.substr(prefix.size())), value, at);
   }
   if (schema.contains("anyOf")) {
-    for (const auto& option : schema["anyOf"]) {
+    for (const auto& option : schema.at("anyOf")) {
       if (SchemaViolation(root, option, value, at).empty()) return "";
     }
     return absl::StrCat(at, ": matches no anyOf option: ", value.dump());
   }
   if (schema.contains("enum")) {
-    for (const auto& option : schema["enum"]) {
+    for (const auto& option : schema.at("enum")) {
       if (option == value) return "";
     }
     return absl::StrCat(at, ": not in the enum: ", value.dump());
@@ -113,21 +115,23 @@ inline std::string SchemaViolation(const nlohmann::ordered_json& root,
     }
     for (size_t i = 0; i < value.size(); ++i) {
       std::string why =
-          SchemaViolation(root, schema["items"], value[i], absl::StrCat(at, "[", i, "]"));
+          SchemaViolation(root, schema.at("items"), value[i], absl::StrCat(at, "[", i, "]"));
       if (!why.empty()) return why;
     }
     return "";
   }
   if (type == "object") {
     if (!value.is_object()) return absl::StrCat(at, ": not an object: ", value.dump());
-    for (const auto& name : schema["required"]) {
+    const nlohmann::ordered_json none = nlohmann::ordered_json::array();
+    for (const auto& name : schema.contains("required") ? schema.at("required") : none) {
       if (!value.contains(name.get<std::string>()))
         return absl::StrCat(at, ": lacks ", name.dump());
     }
     for (const auto& [name, member] : value.items()) {
-      if (!schema["properties"].contains(name)) return absl::StrCat(at, ": extra property ", name);
+      const nlohmann::ordered_json& properties = schema.at("properties");
+      if (!properties.contains(name)) return absl::StrCat(at, ": extra property ", name);
       std::string why =
-          SchemaViolation(root, schema["properties"][name], member, absl::StrCat(at, ".", name));
+          SchemaViolation(root, properties.at(name), member, absl::StrCat(at, ".", name));
       if (!why.empty()) return why;
     }
     return "";

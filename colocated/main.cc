@@ -130,11 +130,10 @@ int Main() {
           .kv_headroom_tokens = absl::GetFlag(FLAGS_decode_kv_headroom_tokens)},
       runner->get(), &engine_metrics);
   // Structured output needs each token's bytes: the tokenizer, once.
-  auto grammars =
-      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
-  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  const std::unique_ptr<engine::grammar::GrammarCompiler> grammars =
+      engine::grammar::WorkerGrammarCompiler(runner_options.model_dir, (*runner)->config());
   colocated::ColocatedOrchestrator orchestrator(engine.get(), absl::GetFlag(FLAGS_worker_id),
-                                                grammars.ok() ? grammars->get() : nullptr);
+                                                grammars.get());
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   frontend::SessionManager sessions(
       frontend::SessionOptions{

@@ -173,14 +173,13 @@ int Main() {
   auto engine = std::make_unique<decode::DecodeEngine>(engine_options, runner->get(),
                                                        receiver->get(), &metrics, *std::move(spec));
   // Structured output needs each token's bytes: the tokenizer, once.
-  auto grammars =
-      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
-  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
+  const std::unique_ptr<engine::grammar::GrammarCompiler> grammars =
+      engine::grammar::WorkerGrammarCompiler(runner_options.model_dir, (*runner)->config());
   if (absl::GetFlag(FLAGS_stream_interval) < 1) {
     PDSERVE_LOG(ERROR) << "--stream_interval must be at least 1";
     return 2;
   }
-  decode::DecodeService service(engine.get(), grammars.ok() ? grammars->get() : nullptr,
+  decode::DecodeService service(engine.get(), grammars.get(),
                                 absl::GetFlag(FLAGS_stream_interval));
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());

@@ -134,11 +134,9 @@ int Main() {
   // Destroyed before the runner and sender it uses.
   auto engine = std::make_unique<prefill::PrefillEngine>(engine_options, runner->get(), &metrics);
   // Structured output needs each token's bytes: the tokenizer, once.
-  auto grammars =
-      engine::grammar::CreateGrammarCompiler(runner_options.model_dir, (*runner)->config());
-  if (!grammars.ok()) PDSERVE_LOG(WARNING) << "no structured output: " << grammars.status();
-  prefill::PrefillService service(engine.get(), sender->get(),
-                                  grammars.ok() ? grammars->get() : nullptr);
+  const std::unique_ptr<engine::grammar::GrammarCompiler> grammars =
+      engine::grammar::WorkerGrammarCompiler(runner_options.model_dir, (*runner)->config());
+  prefill::PrefillService service(engine.get(), sender->get(), grammars.get());
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

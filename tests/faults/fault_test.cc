@@ -23,7 +23,9 @@
 #include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/streaming_call.h"
+#include "tests/util/constrained_output.h"
 #include "tools/model_writer.h"
+#include "tools/tokenizer_writer.h"
 
 namespace pdserve::testing {
 namespace {
@@ -166,6 +168,12 @@ class FaultTest : public ::testing::Test {
       expected->push_back(Expected(prompt, params));
       requests.push_back(Request(prompt, params));
     }
+    return StartStreams(stub, requests);
+  }
+  // Starts `requests` together and returns once each has a few tokens and
+  // is far from its end.
+  static std::vector<std::unique_ptr<Stream>> StartStreams(
+      v1::Generation::Stub& stub, const std::vector<v1::GenerateRequest>& requests) {
     std::vector<std::unique_ptr<Stream>> streams;
     for (const auto& r : requests) {
       streams.push_back(std::make_unique<Stream>(stub, r, absl::Seconds(50)));
@@ -213,6 +221,57 @@ TEST_F(FaultTest, DecodeWorkerKilledMidStreamMigratesItsStreams) {
   EXPECT_GE(o.migrated, 1) << "no stream was on the killed worker";
   EXPECT_EQ(o.leaked_blocks, 0);
   for (auto& s : streams) EXPECT_NE(s->timings().decode_worker(), victim_id);
+}
+
+// The same fault under structured output: streams constrained by a JSON
+// Schema whose shortest value is hundreds of tokens. The continuation on
+// the other decode worker compiles the grammar there and resumes its mask
+// from the tokens carried over, so every reply is the uninterrupted run's,
+// token for token, and parses and validates.
+TEST_F(FaultTest, ConstrainedStreamsMigratedFromAKilledDecodeWorkerStayValid) {
+  const engine::ModelConfig config = engine::DefaultDemoConfig();
+  ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, model_dir_).ok());
+  auto grammars = engine::grammar::CreateGrammarCompiler(model_dir_, config);
+  ASSERT_TRUE(grammars.ok()) << grammars.status();
+  const nlohmann::ordered_json schema = LongSchema(/*min_tags=*/45);
+  const std::string spec = SpecOf(schema);
+  LocalCluster cluster(Options(1, 2));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = cluster.NewClient();
+  constexpr int kStreams = 4;
+  std::vector<std::vector<int32_t>> expected;
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < kStreams; ++i) {
+    const auto prompt = Prompt(40 + i, 70 + i);
+    engine::SamplingParams params{.temperature = 0.8f, .seed = 300u + i, .max_tokens = kMaxTokens};
+    expected.push_back(Expected(prompt, Constrained(params, **grammars, spec)));
+    ASSERT_FALSE(expected.back().empty());
+    EXPECT_TRUE(config.IsEos(expected.back().back())) << "the grammar ends the reply";
+    EXPECT_EQ(ReplyViolation(schema, TextOf((*grammars)->vocab(), expected.back())), "");
+    v1::GenerateRequest request = Request(prompt, params);
+    auto* format = request.mutable_sampling()->mutable_response_format()->mutable_json_schema();
+    format->set_schema(schema.dump());
+    format->set_strict(true);
+    requests.push_back(request);
+  }
+  std::vector<std::unique_ptr<Stream>> streams = StartStreams(*stub, requests);
+  ASSERT_FALSE(HasFailure());
+  Process& victim = *cluster.decode()[0];
+  const std::string victim_id = "decode-" + victim.grpc_address;
+  victim.proc.Kill();
+
+  Outcome o = Collect(streams, expected);
+  o.migrated =
+      static_cast<int>(RouterSeries(cluster, "pdserve_migrations_total{reason=\"worker_failed\"}"));
+  EXPECT_EQ(o.completed, kStreams);
+  EXPECT_EQ(o.lost, 0);
+  EXPECT_GE(o.migrated, 1) << "no stream was on the killed worker";
+  for (auto& s : streams) {
+    EXPECT_NE(s->timings().decode_worker(), victim_id);
+    EXPECT_EQ(ReplyViolation(schema, TextOf((*grammars)->vocab(), s->tokens())), "");
+  }
+  EXPECT_TRUE(KvFreed(*cluster.decode()[1]));
+  EXPECT_TRUE(KvFreed(*cluster.prefill()[0]));
 }
 
 // With a single attempt allowed, the streams of a killed decode worker fail

@@ -10,7 +10,8 @@
 // the emulated device's peaks. A second cluster moves the KV with
 // --kv_transport=nccl (each worker process owns an emulated GPU, so the pair
 // runs NCCL over loopback, the decode worker scattering into its own blocks)
-// and must give the tokens of the tcp cluster.
+// and must give the tokens of the tcp cluster. A JSON Schema request
+// (structured output) is masked on both workers' device samplers.
 #include <filesystem>
 
 #include "engine/runner_factory.h"
@@ -18,7 +19,9 @@
 #include "gtest/gtest.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/util/constrained_output.h"
 #include "tools/model_writer.h"
+#include "tools/tokenizer_writer.h"
 
 namespace pdserve::testing {
 namespace {
@@ -34,6 +37,8 @@ class CudaClusterTest : public ::testing::Test {
     config.num_layers = 2;  // the emulation runs every GPU thread on the CPU
     config.max_position_embeddings = 256;
     ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/17, "bf16", *model_dir_).ok());
+    // Structured output compiles grammars over the tokenizer's vocabulary.
+    ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, *model_dir_).ok());
     const std::vector<std::string> worker_flags = {"--backend=cuda", "--num_kv_blocks=64"};
     cluster_ =
         new LocalCluster(ClusterOptions{.binaries = {.prefill = PDSERVE_PREFILL_EMULATED_CUDA_BIN,
@@ -135,6 +140,40 @@ TEST_F(CudaClusterTest, SeededSamplingWithPenaltiesAndLogprobsEqualsTheBackendIn
     for (int k = 0; k < 2; ++k) {
       EXPECT_EQ(logprobs[i].top(k).token_id(), expected->logprobs[i].top[k].token) << i;
     }
+  }
+}
+
+// A JSON Schema request (structured output): the prefill worker's device
+// sampler draws the first token under the mask, the decode worker's every
+// later one; the reply equals the emulated CUDA backend's in one process
+// and parses and validates, greedy and seeded.
+TEST_F(CudaClusterTest, ConstrainedRequestsEqualTheBackendInOneProcessAndValidate) {
+  std::unique_ptr<engine::ModelRunner> runner = LocalRunner();
+  ASSERT_NE(runner, nullptr);
+  auto config = engine::ModelConfig::FromModelDir(*model_dir_);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto grammars = engine::grammar::CreateGrammarCompiler(*model_dir_, *config);
+  ASSERT_TRUE(grammars.ok()) << grammars.status();
+  const nlohmann::ordered_json schema = LongSchema(/*min_tags=*/2);
+  const std::string spec = SpecOf(schema);
+  auto stub = cluster_->NewClient();
+  const std::vector<int32_t> prompt = {256, 74, 83, 79, 78, 58, 32};
+  for (float temperature : {0.0f, 0.8f}) {
+    const engine::SamplingParams params{.temperature = temperature, .seed = 9, .max_tokens = 48};
+    auto expected = engine::GenerateLocally(*runner, prompt, Constrained(params, **grammars, spec));
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    v1::GenerateRequest request = TokenRequest(prompt, params.max_tokens);
+    request.mutable_sampling()->set_temperature(temperature);
+    request.mutable_sampling()->set_seed(params.seed);
+    auto* format = request.mutable_sampling()->mutable_response_format()->mutable_json_schema();
+    format->set_schema(schema.dump());
+    format->set_strict(true);
+    StreamResult got = RunGenerate(*stub, request);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, expected->tokens) << "temperature " << temperature;
+    EXPECT_EQ(got.last.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(ReplyViolation(schema, TextOf((*grammars)->vocab(), got.tokens)), "")
+        << "temperature " << temperature;
   }
 }
 

@@ -1,6 +1,7 @@
 // Vocabulary from the tokenizer (see tokenizer_vocabulary.h).
 #include "engine/runtime/grammar/tokenizer_vocabulary.h"
 
+#include "common/base/logging.h"
 #include "text/tokenizer_loader.h"
 
 namespace pdserve::engine::grammar {
@@ -28,6 +29,15 @@ absl::StatusOr<std::unique_ptr<GrammarCompiler>> CreateGrammarCompiler(const std
       LoadTokenVocabulary(model_dir, config);
   if (!vocab.ok()) return vocab.status();
   return std::make_unique<GrammarCompiler>(*std::move(vocab));
+}
+
+std::unique_ptr<GrammarCompiler> WorkerGrammarCompiler(const std::string& model_dir,
+                                                       const ModelConfig& config) {
+  absl::StatusOr<std::unique_ptr<GrammarCompiler>> compiler =
+      CreateGrammarCompiler(model_dir, config);
+  if (compiler.ok()) return *std::move(compiler);
+  PDSERVE_LOG(WARNING) << "no structured output: " << compiler.status();
+  return nullptr;
 }
 
 }  // namespace pdserve::engine::grammar

@@ -31,4 +31,10 @@ absl::StatusOr<std::shared_ptr<const TokenVocabulary>> LoadTokenVocabulary(
 absl::StatusOr<std::unique_ptr<GrammarCompiler>> CreateGrammarCompiler(const std::string& model_dir,
                                                                        const ModelConfig& config);
 
+// What a worker process starts with: CreateGrammarCompiler, or, when the
+// model has no tokenizer it can load, null after a warning saying why (the
+// worker then refuses requests that carry a grammar).
+std::unique_ptr<GrammarCompiler> WorkerGrammarCompiler(const std::string& model_dir,
+                                                       const ModelConfig& config);
+
 }  // namespace pdserve::engine::grammar

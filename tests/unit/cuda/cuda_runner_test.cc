@@ -12,7 +12,8 @@
 //     host bytes decode as the computed ones;
 //   * failures: device memory that does not suffice, a device fault, both as
 //     statuses; the runner works on after a fault is cleared;
-//   * device peaks through the engine's backend registry.
+//   * device peaks through the engine's backend registry;
+//   * structured output: a constrained request's replies on both backends.
 // Built for the emulation (gpu_emulated) and for a GPU (gpu; skipped where no
 // device is usable).
 #include <gtest/gtest.h>
@@ -32,9 +33,14 @@
 #include "engine/device_peaks.h"
 #include "engine/model/weight_source.h"
 #include "engine/runner_factory.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/grammar/tokenizer_vocabulary.h"
+#include "engine/runtime/sampler.h"
 #include "tests/unit/cuda/gpu_test_util.h"
 #include "tests/unit/engine/arch_models.h"
 #include "tests/unit/engine/tiny_models.h"
+#include "tests/util/constrained_output.h"
+#include "tools/tokenizer_writer.h"
 
 namespace pdserve::cuda {
 namespace {
@@ -337,6 +343,71 @@ TEST_F(CudaRunnerTest, DecodeCrossingAContextBucketCapturesTheNextGraphOrFallsBa
   EXPECT_EQ(fallback->stats().graph_captures, 1);
   EXPECT_EQ(fallback->stats().graph_steps, 2);
   EXPECT_EQ(fallback->stats().eager_decode_steps, 2);
+}
+
+// ---- structured output ----
+
+// A JSON Schema request (structured output) on the CUDA runner, whose
+// sampler applies the constraint's bit mask on the device, and on the CPU
+// runner: both replies parse, validate and end where the grammar lets them.
+// Greedy, the CUDA tokens follow the CPU's until a step where the CPU ranks
+// the CUDA choice within the bf16 bound of its own best allowed token (the
+// only place the backends may rightly differ); a CUDA token the mask
+// forbids would be -inf there.
+TEST_F(CudaRunnerTest, ConstrainedGenerationValidatesAndFollowsTheCpuWhereNumericsAllow) {
+  const ModelConfig config = models::TinyDemoConfig();
+  const std::string dir = models::WriteTinyModel(config, 7, "f32", "cuda_constrained");
+  ASSERT_TRUE(engine::WriteDemoTokenizer(config.vocab_size, dir).ok());
+  auto grammars = engine::grammar::CreateGrammarCompiler(dir, config);
+  ASSERT_TRUE(grammars.ok()) << grammars.status();
+  const nlohmann::ordered_json schema = pdserve::testing::LongSchema(/*min_tags=*/3);
+  const std::string spec = pdserve::testing::SpecOf(schema);
+  std::unique_ptr<CudaModelRunner> cuda = Cuda(dir);
+  std::unique_ptr<engine::ModelRunner> cpu = Cpu(dir);
+  ASSERT_NE(cuda, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const std::vector<int32_t> prompt = Tokens(12, 256, 6);
+  for (float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE(temperature);
+    const SamplingParams params{.temperature = temperature, .seed = 5, .max_tokens = 80};
+    auto on_cuda = engine::GenerateLocally(*cuda, prompt,
+                                           pdserve::testing::Constrained(params, **grammars, spec));
+    auto on_cpu = engine::GenerateLocally(*cpu, prompt,
+                                          pdserve::testing::Constrained(params, **grammars, spec));
+    ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+    for (const auto* out : {&*on_cuda, &*on_cpu}) {
+      EXPECT_EQ(out->finish_reason, engine::FinishReason::kStop);
+      EXPECT_EQ(pdserve::testing::ReplyViolation(
+                    schema, pdserve::testing::TextOf((*grammars)->vocab(), out->tokens)),
+                "");
+    }
+    if (temperature != 0.0f) continue;
+    const std::vector<int32_t>& got = on_cuda->tokens;
+    const std::vector<int32_t>& want = on_cpu->tokens;
+    const size_t common =
+        std::mismatch(got.begin(), got.end(), want.begin(), want.end()).first - got.begin();
+    if (common == got.size() && common == want.size()) continue;  // token for token
+    ASSERT_LT(common, std::min(got.size(), want.size()));
+    // The CPU's logits, under the mask, at the first step that differs.
+    const std::span<const int32_t> before(got.data(), common);
+    std::vector<int32_t> tokens = prompt;
+    tokens.insert(tokens.end(), before.begin(), before.end());
+    StepBatch b;
+    b.seqs.push_back({.tokens = tokens,
+                      .block_table = Iota(static_cast<int>(tokens.size() + 3) / 4, 0),
+                      .sampling = &kGreedy});
+    std::vector<float> logits = Logits(*cpu, std::move(b));
+    ASSERT_EQ(logits.size(), static_cast<size_t>(config.vocab_size));
+    double scale = 1e-30;
+    for (float x : logits) scale = std::max(scale, static_cast<double>(std::abs(x)));
+    const SamplingParams constrained = pdserve::testing::Constrained(params, **grammars, spec);
+    engine::ApplyLogitsProcessors(logits, constrained, {.prompt = prompt, .generated = before},
+                                  config.eos_token_ids);
+    EXPECT_EQ(Argmax(logits), want[common]);
+    EXPECT_LE((logits[want[common]] - logits[got[common]]) / scale, 2 * kMaxRelativeError)
+        << "step " << common << ": cuda " << got[common] << ", cpu " << want[common];
+  }
 }
 
 // ---- weights ----

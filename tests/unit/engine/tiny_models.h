@@ -5,8 +5,8 @@
 #include <string>
 
 #include "engine/model/config.h"
-#include "tools/model_writer.h"
 #include "gtest/gtest.h"
+#include "tools/model_writer.h"
 
 namespace pdserve::engine::testing_models {
 
@@ -41,6 +41,20 @@ inline ModelConfig TinyTiedConfig() {
   c.head_dim = 16;
   c.rope_theta = 500.0f;  // faster rotation: position errors show sooner
   c.tie_word_embeddings = true;
+  return c;
+}
+
+// The demo model's vocabulary (320 ids: the demo tokenizer's bytes,
+// specials and merges, tools/tokenizer_writer.h) on a tiny network.
+inline ModelConfig TinyDemoConfig() {
+  ModelConfig c = DefaultDemoConfig();
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
   return c;
 }
 

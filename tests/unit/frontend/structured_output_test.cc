@@ -160,6 +160,23 @@ std::unique_ptr<engine::grammar::GrammarCompiler> DemoCompiler(engine::ModelConf
   return compiler.ok() ? *std::move(compiler) : nullptr;
 }
 
+// A worker process's compiler: over the model's tokenizer, or none (after
+// a warning) where the model directory has no tokenizer to load.
+TEST(StructuredOutputTest, AWorkerWithoutATokenizerStartsWithoutStructuredOutput) {
+  engine::ModelConfig config;
+  config.vocab_size = 300;
+  const std::string bare = ::testing::TempDir() + "/structured_output_no_tokenizer";
+  std::filesystem::remove_all(bare);
+  std::filesystem::create_directories(bare);
+  EXPECT_EQ(engine::grammar::WorkerGrammarCompiler(bare, config), nullptr);
+  ASSERT_TRUE(engine::WriteDemoTokenizer(300, bare).ok());
+  std::unique_ptr<engine::grammar::GrammarCompiler> compiler =
+      engine::grammar::WorkerGrammarCompiler(bare, config);
+  ASSERT_NE(compiler, nullptr);
+  EXPECT_EQ(compiler->vocab().size(), 300);
+  EXPECT_TRUE(compiler->Compile(engine::grammar::JsonObjectSpec().dump()).ok());
+}
+
 std::vector<uint32_t> MaskAfter(const engine::SamplingParams& p, std::vector<int32_t> generated,
                                 int vocab) {
   std::vector<uint32_t> mask;

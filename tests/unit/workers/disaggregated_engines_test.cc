@@ -2,6 +2,7 @@
 // transport on loopback: the disaggregated path without gRPC, including its
 // failure paths (every one must free the KV on both sides).
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -14,23 +15,16 @@
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 #include "prefill_worker/prefill_engine.h"
+#include "tests/unit/engine/tiny_models.h"
+#include "tests/util/constrained_output.h"
 #include "tests/util/poll.h"
 #include "tools/model_writer.h"
+#include "tools/tokenizer_writer.h"
 
 namespace pdserve {
 namespace {
 
-engine::ModelConfig TinyConfig() {
-  engine::ModelConfig c = engine::DefaultDemoConfig();
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 256;
-  return c;
-}
+engine::ModelConfig TinyConfig() { return engine::testing_models::TinyDemoConfig(); }
 
 std::string WriteModel(uint64_t seed) {
   const std::string dir = ::testing::TempDir() + "/disagg_model_" + std::to_string(seed);
@@ -511,19 +505,19 @@ TEST_F(DisaggregatedEnginesTest, ChunkedPrefillGeneratesTheSameTokens) {
 // Starts `prompts` through `prefill` into `decode`, all at once, and
 // returns each request's tokens (first token included) once every stream
 // has ended; an empty vector for a request that failed (with ADD_FAILURE).
-// Every request is admitted on the decode engine before the first prompt is
-// submitted: admitting each right before its prompt let the earlier streams
-// decode, and grow their KV, while the later ones were still being admitted,
-// so a full cache refused an admission (RESOURCE_EXHAUSTED, which a router
-// answers by waiting or by another decode worker) 1 run in about 10.
-std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
-                                         decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
-                                         const std::vector<std::vector<int32_t>>& prompts,
-                                         const engine::SamplingParams& params) {
+// `params_of(i, /*decode=*/b)` gives request i's sampling on each side (as
+// each worker compiles its own constraint).
+std::vector<std::vector<int32_t>> RunAll(
+    prefill::PrefillEngine& prefill, decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
+    const std::vector<std::vector<int32_t>>& prompts,
+    const std::function<engine::SamplingParams(size_t, bool)>& params_of) {
   std::vector<std::shared_ptr<decode::DecodeStream>> streams;
   std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
-  for (const auto& prompt : prompts) {
-    auto s = decode.Admit({.prompt = prompt, .sampling = params});
+  // Every reservation first: a request admitted after others started
+  // decoding could find their growth holding every block (and be refused,
+  // as a full decode worker refuses).
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = decode.Admit({.prompt = prompts[i], .sampling = params_of(i, true)});
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return {};
     streams.push_back(*s);
@@ -534,8 +528,8 @@ std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
                                prefill.SpecFor(prompt.size()));
     EXPECT_TRUE(session.ok()) << session.status();
     if (!session.ok()) return {};
-    auto t =
-        prefill.Submit({.prompt = prompt, .sampling = params, .kv_session = std::move(*session)});
+    auto t = prefill.Submit(
+        {.prompt = prompt, .sampling = params_of(i, false), .kv_session = std::move(*session)});
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return {};
     tickets.push_back(*t);
@@ -553,6 +547,13 @@ std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
     out[i].insert(out[i].end(), d.tokens.begin(), d.tokens.end());
   }
   return out;
+}
+
+std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
+                                         decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         const engine::SamplingParams& params) {
+  return RunAll(prefill, decode, sender, prompts, [&](size_t, bool) { return params; });
 }
 
 TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
@@ -607,30 +608,45 @@ TEST_F(DisaggregatedEnginesTest, WithoutPrefixCachingNothingIsReused) {
 // decode worker has 14. Lazy growth admits them all (2 blocks each), and
 // growth preempts the newest, which are recomputed later on the decode
 // worker: every stream must still equal an uninterrupted generation.
-class PreemptionTest : public DisaggregatedEnginesTest,
-                       public ::testing::WithParamInterface<bool> {};
+class PreemptionTest : public DisaggregatedEnginesTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  // A decode engine on a runner of 14 blocks (the transfer writes into its
+  // own KV regions), prefix caching as the parameter says.
+  std::unique_ptr<decode::DecodeEngine> SmallDecode() {
+    small_runner_ = Runner(model_, 14);
+    auto receiver = kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner_->kv_regions());
+    EXPECT_TRUE(receiver.ok()) << receiver.status();
+    if (!receiver.ok()) return nullptr;
+    small_receiver_ = std::move(*receiver);
+    return std::make_unique<decode::DecodeEngine>(
+        decode::DecodeEngineOptions{.max_running = 8,
+                                    .kv_headroom_tokens = 8,
+                                    .enable_prefix_caching = GetParam(),
+                                    .recompute_chunk_tokens = 24},
+        small_runner_.get(), small_receiver_.get(), &decode_metrics_);
+  }
+  // Six prompts of 20 tokens.
+  static std::vector<std::vector<int32_t>> Prompts() {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int r = 0; r < 6; ++r) {
+      std::vector<int32_t> p;
+      for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
+      prompts.push_back(p);
+    }
+    return prompts;
+  }
+
+  std::unique_ptr<engine::ModelRunner> small_runner_;
+  std::unique_ptr<kvtransfer::KvReceiver> small_receiver_;
+};
 
 TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
-  auto small_runner = Runner(model_, 14);
-  // The transfer writes into the small runner's own KV regions.
-  auto small_receiver =
-      kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
-  ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
-  auto decode = std::make_unique<decode::DecodeEngine>(
-      decode::DecodeEngineOptions{.max_running = 8,
-                                  .kv_headroom_tokens = 8,
-                                  .enable_prefix_caching = GetParam(),
-                                  .recompute_chunk_tokens = 24},
-      small_runner.get(), small_receiver->get(), &decode_metrics_);
+  auto decode = SmallDecode();
+  ASSERT_NE(decode, nullptr);
   auto prefill = MakePrefill(prefill_runner_.get());
   engine::SamplingParams params{
       .temperature = 0.8f, .seed = 3, .max_tokens = 60, .ignore_eos = true};
-  std::vector<std::vector<int32_t>> prompts;
-  for (int r = 0; r < 6; ++r) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 20; ++t) p.push_back((t * 17 + r * 29 + 3) % 250);
-    prompts.push_back(p);
-  }
+  const std::vector<std::vector<int32_t>> prompts = Prompts();
   std::vector<std::vector<int32_t>> got =
       RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
   ASSERT_EQ(got.size(), prompts.size());
@@ -639,6 +655,43 @@ TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
     // The first token comes from the prefill worker, the rest from the
     // decode worker's stream: no gap, no repeat, the same draws.
     EXPECT_EQ(got[i], engine::GenerateLocally(*reference, prompts[i], params)->tokens) << i;
+  }
+  EXPECT_GT(decode_metrics_.preemptions.Value(), 0) << "the workload must preempt";
+  EXPECT_TRUE(DecodeEmpty(*decode));
+}
+
+// The same workload under a JSON Schema (structured output): each worker
+// compiles its own constraint, as the services do, and a preempted
+// sequence is recomputed and resumes under the mask of its own history.
+// Every reply parses, validates and equals one process's run of the same
+// constrained request.
+TEST_P(PreemptionTest, PreemptedConstrainedStreamsResumeUnderTheSameMask) {
+  ASSERT_TRUE(engine::WriteDemoTokenizer(TinyConfig().vocab_size, model_).ok());
+  auto grammars = engine::grammar::CreateGrammarCompiler(model_, TinyConfig());
+  ASSERT_TRUE(grammars.ok()) << grammars.status();
+  const nlohmann::ordered_json schema = testing::LongSchema(/*min_tags=*/5);
+  const std::string spec = testing::SpecOf(schema);
+  auto decode = SmallDecode();
+  ASSERT_NE(decode, nullptr);
+  auto prefill = MakePrefill(prefill_runner_.get());
+  const std::vector<std::vector<int32_t>> prompts = Prompts();
+  std::vector<engine::SamplingParams> params;
+  for (int r = 0; r < 6; ++r) {
+    params.push_back({.temperature = 0.8f, .seed = 3u + r, .max_tokens = 90});
+  }
+  std::vector<std::vector<int32_t>> got =
+      RunAll(*prefill, *decode, SenderOf(*prefill), prompts,
+             [&](size_t i, bool) { return testing::Constrained(params[i], **grammars, spec); });
+  ASSERT_EQ(got.size(), prompts.size());
+  auto reference = Runner(model_, 16);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto expected = engine::GenerateLocally(*reference, prompts[i],
+                                            testing::Constrained(params[i], **grammars, spec));
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(got[i], expected->tokens) << i;
+    EXPECT_EQ(expected->finish_reason, engine::FinishReason::kStop) << i;
+    EXPECT_EQ(testing::ReplyViolation(schema, testing::TextOf((*grammars)->vocab(), got[i])), "")
+        << i;
   }
   EXPECT_GT(decode_metrics_.preemptions.Value(), 0) << "the workload must preempt";
   EXPECT_TRUE(DecodeEmpty(*decode));

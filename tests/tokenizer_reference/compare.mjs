@@ -29,9 +29,10 @@
 // Known differences between transformers.js and the Rust `tokenizers`
 // library pdserve follows are kept out of the generated text: U+0085 and
 // U+FEFF (JS \s disagrees with Unicode White_Space), U+017F (Oniguruma and
-// PCRE2 case-fold it to "s" in (?i:'s)), and code points assigned after
-// Unicode 14 (node's tables are newer than pdserve's Unicode 15.1 ones; the
-// 15.0 / 15.1 additions are checked in tests/unit/text/unicode_regex_test). transformers.js ignores Metaspace's
+// PCRE2 case-fold it to "s" in (?i:'s)), and, in the random text, code
+// points assigned after Unicode 14 (node's tables are newer than pdserve's
+// Unicode 15.1 ones; a few 15.0 / 15.1 additions are among the curated
+// strings, and tests/unit/text/unicode_regex_test checks them all). transformers.js ignores Metaspace's
 // "split", so "llama2-metaspace-split" leaves out strings with two spaces in
 // a row (where splitting changes the words). Decoding is compared with
 // clean_up_tokenization_spaces=false: pdserve returns the bytes the tokens
@@ -176,6 +177,9 @@ function generate(name, count, seed) {
     " ".repeat(33), "\t \t \t", "!!!!!!!!", "?!?!", "....", "a.b.c", "(((())))", "@@@###",
     "\u00a0nbsp\u00a0", "\u3000全角\u3000", "line\u2028sep", "para\u2029sep", "zero\u200bwidth",
     "joiner\u200dthing", "\u0000nul", "bell\u0007", "del\u007f", "esc\u001b[0m",
+    // Assigned in Unicode 15.0 / 15.1 (categories unchanged since, so node's
+    // newer tables agree): emoji, and CJK Ext. I letters that join a word.
+    "\u{1FABF}hi", "go \u{1FAE8}!", "a\u{1F6DC}b \u{1FA75}", "a\u{2EBF0} \u{2EBF0}b", "\u{2EBF0}\u{2EBF1}x",
     ...CODE,
     ...specials.map((s) => `${s}hello`),
     ...specials.map((s) => ` ${s} `),

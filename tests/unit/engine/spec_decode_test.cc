@@ -204,7 +204,9 @@ TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
     EXPECT_EQ(plain.tokens, spec.tokens);
     EXPECT_EQ(plain.finish, spec.finish);
     EXPECT_GT(spec.proposed, 0);
-    if (draft_dir == dir_) EXPECT_GT(spec.accepted, spec.proposed * 8 / 10);
+    if (draft_dir == dir_) {
+      EXPECT_GT(spec.accepted, spec.proposed * 8 / 10);
+    }
     EXPECT_EQ(p->num_sequences(), 0u);
     EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
   }

@@ -179,8 +179,7 @@ int Main() {
     PDSERVE_LOG(ERROR) << "--stream_interval must be at least 1";
     return 2;
   }
-  decode::DecodeService service(engine.get(), grammars.get(),
-                                absl::GetFlag(FLAGS_stream_interval));
+  decode::DecodeService service(engine.get(), grammars.get(), absl::GetFlag(FLAGS_stream_interval));
   if (auto port =
           process.AddGrpcServer(absl::GetFlag(FLAGS_port), {&service}, InternalServerCredentials());
       !port.ok()) {

@@ -11,7 +11,10 @@ if ! command -v kubectl >/dev/null; then
   exit 77
 fi
 kubectl version --client 2>/dev/null | head -2 || true
+# A directory of this run's own: two runs of one build may go at once.
 mkdir -p "$out"
+out=$(mktemp -d "$out/run.XXXXXX")
+trap 'rm -rf "$out"' EXIT
 overlays="cpu gpu cpu-planner gpu-planner cpu-keda gpu-keda"
 for overlay in $overlays; do
   kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$out/$overlay.yaml" 2> "$out/$overlay.err" || {

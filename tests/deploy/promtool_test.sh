@@ -12,7 +12,11 @@ promtool check rules "$dir/pdserve.rules.yml"
 (cd "$dir" && promtool test rules pdserve.rules.test.yml)
 
 # prometheus.yml reads targets/*.json next to itself, as cluster.sh lays it out.
-rm -rf "$work" && mkdir -p "$work/targets"
+# A directory of this run's own: two runs of one build may go at once.
+mkdir -p "$work"
+work=$(mktemp -d "$work/run.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/targets"
 cp "$dir/prometheus.yml" "$dir/prometheus-k8s.yml" "$dir/pdserve.rules.yml" "$work/"
 for job in router prefill decode; do echo '[{"targets": ["127.0.0.1:9400"]}]' > "$work/targets/$job.json"; done
 (cd "$work" && promtool check config prometheus.yml)

@@ -17,26 +17,23 @@ done
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' ||
   { echo "SKIP: node $(node --version) is older than 18 (package.json engines)"; exit 77; }
 
-mkdir -p "$npm_dir"
-(
-  flock 9
-  if ! cmp -s "$here/package-lock.json" "$npm_dir/package-lock.json" || [ ! -d "$npm_dir/node_modules" ]; then
-    cp "$here/package.json" "$here/package-lock.json" "$npm_dir/"
-    echo "npm ci in $npm_dir"
-    (cd "$npm_dir" && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline --loglevel=error) ||
-      { rm -f "$npm_dir/package-lock.json"; echo "FAIL: npm ci (is the npm registry reachable?)"; exit 1; }
-  fi
-) 9> "$npm_dir/.lock"
-# ES modules resolve packages from the script's own directory.
-cp "$here/$script" "$npm_dir/"
+# shellcheck source=../util/npm_work.sh
+. "$src/tests/util/npm_work.sh"
+npm_work_prepare "$npm_dir" "" "--ignore-scripts --loglevel=error" \
+  "$here/package.json" "$here/package-lock.json" "$here/$script" ||
+  { echo "FAIL: npm ci (is the npm registry reachable?)"; exit 1; }
+# ES modules resolve packages from the script's own directory (NPM_DIR); the
+# rendered overlays go to a directory of this run's own.
+out=$(mktemp -d "$npm_dir/render.XXXXXX")
+trap 'rm -rf "$out"' EXIT
 rules="$src/deploy/prometheus/pdserve.rules.yml"
 
 if command -v kubectl >/dev/null; then
   for overlay in cpu gpu cpu-planner gpu-planner cpu-keda gpu-keda; do
-    kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$npm_dir/$script.$overlay.yaml" 2> "$npm_dir/$script.$overlay.err" ||
-      { cat "$npm_dir/$script.$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
+    kubectl kustomize "$src/deploy/k8s/overlays/$overlay" > "$out/$overlay.yaml" 2> "$out/$overlay.err" ||
+      { cat "$out/$overlay.err"; echo "FAIL: overlay $overlay does not render"; exit 1; }
     echo "== overlay $overlay (rendered by kubectl kustomize)"
-    node "$npm_dir/$script" --rules "$rules" "$npm_dir/$script.$overlay.yaml"
+    node "$npm_dir/$script" --rules "$rules" "$out/$overlay.yaml"
   done
 else
   echo "== kubectl not found: validating the base files as written (overlay patches not applied)"

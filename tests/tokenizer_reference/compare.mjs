@@ -339,6 +339,13 @@ function show(s) {
   return JSON.stringify(s).slice(0, 300);
 }
 
+// Two runs may share the work dir: a reader never sees a half-written file.
+function writeFileAtomic(file, data) {
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.writeFileSync(tmp, data);
+  fs.renameSync(tmp, file);
+}
+
 async function checkTokenizer(name, index) {
   const { pkg, edit, keep } = TOKENIZERS[name];
   const modelDir = path.join(workDir, name);
@@ -347,9 +354,9 @@ async function checkTokenizer(name, index) {
     ...JSON.parse(fs.readFileSync(require.resolve(`${pkg}/models/tokenizer.json`), "utf8")),
     ...edit,
   };
-  fs.writeFileSync(path.join(modelDir, "tokenizer.json"), JSON.stringify(tokenizerJSON));
-  fs.copyFileSync(require.resolve(`${pkg}/models/tokenizer_config.json`),
-    path.join(modelDir, "tokenizer_config.json"));
+  writeFileAtomic(path.join(modelDir, "tokenizer.json"), JSON.stringify(tokenizerJSON));
+  writeFileAtomic(path.join(modelDir, "tokenizer_config.json"),
+    fs.readFileSync(require.resolve(`${pkg}/models/tokenizer_config.json`)));
   const { fromPreTrained } = await import(pkg);
   const ref = fromPreTrained({ tokenizerJSON });
 
@@ -442,11 +449,12 @@ async function checkTokenizer(name, index) {
         kwargs: c.enable_thinking === undefined ? {} : { enable_thinking: c.enable_thinking },
       };
     });
-    const requestFile = path.join(workDir, `${name}-chat-requests.json`);
+    const requestFile = path.join(workDir, `${name}-chat-requests.${process.pid}.json`);
     fs.writeFileSync(requestFile, JSON.stringify(requests));
     const py = spawnSync("python3", [path.join(scriptDir, "render_jinja2.py"), requestFile], {
       encoding: "utf8",
     });
+    fs.rmSync(requestFile, { force: true });
     if (py.status === 0) {
       JSON.parse(py.stdout).forEach((r, k) => {
         const w = wants[pending[k]];

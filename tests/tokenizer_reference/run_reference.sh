@@ -16,16 +16,9 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 work="$build/npm"
-mkdir -p "$work"
-cp "$src/package.json" "$src/package-lock.json" "$src/compare.mjs" "$src/render_jinja2.py" "$work/"
-stamp="$work/node_modules/.pdserve-lock"
-# npm ci wipes node_modules; skip it while the installed tree matches the lock.
-if ! cmp -s "$src/package-lock.json" "$stamp"; then
-  (cd "$work" && npm ci --no-audit --no-fund --prefer-offline --cache "$build/npm-cache") || {
-    echo "npm ci failed: the npm registry (or a warm cache in $build/npm-cache) is needed once"
-    exit 1
-  }
-  cp "$src/package-lock.json" "$stamp"
-fi
+# shellcheck source=../util/npm_work.sh
+. "$src/../util/npm_work.sh"
+npm_work_prepare "$work" "$build/npm-cache" "" "$src/package.json" "$src/package-lock.json" \
+  "$src/compare.mjs" "$src/render_jinja2.py" || exit 1
 cd "$work"
 exec node compare.mjs "$cli" "$work/models"

@@ -727,7 +727,9 @@ TEST_F(OverloadTest, RefusalsAreCountedUnderTheirReasons) {
   EXPECT_EQ(tiny_other.load(), 0);
   EXPECT_EQ(counted_rejected, 0) << "refusals by reason before:\n"
                                  << reasons_before << "after:\n"
-                                 << RouterLines("pdserve_requests_rejected_total{");
+                                 << RouterLines("pdserve_requests_rejected_total{")
+                                 << "router log:\n"
+                                 << cluster_->RouterLog();
   EXPECT_LE(counted_deadline, 100);
   EXPECT_EQ(others.served, 40) << Failures(others);
 }

@@ -121,6 +121,12 @@ class GrpcGenerationService::Call final : public grpc::ServerWriteReactor<v1::Ge
     // gRPC's buffer is not used again once the handler has it; emptied here
     // so that a large message is not held until the call ends.
     grpc::ByteBuffer* const buffer = const_cast<grpc::ByteBuffer*>(request_);
+    // A call cancelled (its deadline, say) before its message was read
+    // comes with an empty buffer: abandoned, not an invalid request.
+    if (Gone() || context_->IsCancelled()) {
+      buffer->Clear();
+      return sessions.AbandonedBeforeStart(call_);
+    }
     const size_t length = buffer->Length();
     release.set_bytes(static_cast<int64_t>(length));
     if (length > static_cast<size_t>(kMaxGrpcMessageBytes)) {

@@ -10,8 +10,9 @@
 namespace pdserve::frontend {
 namespace {
 
-// A client that goes away this close to its deadline is counted as having
-// hit the deadline: gRPC cancels a call at its deadline on its own clock.
+// A client that goes away, or a request that fails, this close to its
+// deadline is counted as having hit the deadline: gRPC cancels a call at its
+// deadline on its own clock.
 constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(10);
 
 }  // namespace
@@ -92,7 +93,11 @@ absl::StatusOr<std::optional<Delta>> RequestSession::NextLocked(absl::Duration t
     if (arrived.empty() && interrupted_.load()) return AbandonLocked();
     if (pending_finish_.has_value()) return FinishLocked(*pending_finish_);  // seen by Pump
     if (!status.ok()) {
-      if (PastDeadline(absl::Now())) {
+      // A failure this close to the deadline is the deadline's: gRPC ends
+      // the workers' calls at it on its own clock, which may run a little
+      // ahead of this one (then a retry finds no room, say, and its refusal
+      // comes back just before the deadline here).
+      if (PastDeadline(absl::Now() + kDeadlineSlack)) {
         EndLocked("deadline");
         return absl::DeadlineExceededError("deadline exceeded");
       }
@@ -369,7 +374,7 @@ absl::StatusOr<std::unique_ptr<RequestSession>> SessionManager::Start(const Requ
   if (!generation.ok()) {
     release();
     if (generation.status().code() == absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= call.deadline) {
+        absl::Now() + kDeadlineSlack >= call.deadline) {
       metrics_->CountFinished("deadline");
       return absl::DeadlineExceededError("deadline exceeded");
     }

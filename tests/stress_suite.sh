@@ -72,7 +72,7 @@ case "$mode" in
     (i=0
     while true; do
       i=$((i + 1))
-      TEST_TMPDIR="$logs/tmp_beside" ctest --test-dir "$build" -j2 "${ctest_args[@]}" \
+      TEST_TMPDIR="$logs/tmp_beside" ctest --test-dir "$build" -j2 --output-on-failure "${ctest_args[@]}" \
         >"$logs/beside_$i.txt" 2>&1 || true
     done) &
     pids+=($!)
@@ -110,6 +110,7 @@ if [ "$mode" = beside ]; then
     [ -f "$f" ] || continue
     s=$(grep -E "tests passed, [0-9]+ tests failed" "$f" || echo "unfinished (stopped with the series)")
     echo "beside $(basename "$f" .txt | cut -d_ -f2): $s"
+    grep -E '^[[:space:]]+[0-9]+ - ' "$f" || true
   done
 fi
 echo "summary: $((runs - failed_runs)) of $runs runs passed"

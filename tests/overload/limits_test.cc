@@ -303,6 +303,22 @@ class OverloadTest : public ::testing::Test {
     return -1;
   }
 
+  // The router's metric lines that start with `prefix` (for failure messages).
+  std::string RouterLines(const std::string& prefix) {
+    auto text = HttpGet(cluster_->router_metrics_port(), "/metrics");
+    if (!text.ok()) return text.status().ToString();
+    std::string lines;
+    for (size_t at = 0; at < text->size();) {
+      size_t end = text->find('\n', at);
+      if (end == std::string::npos) end = text->size();
+      if (text->compare(at, prefix.size(), prefix) == 0) {
+        absl::StrAppend(&lines, text->substr(at, end - at), "\n");
+      }
+      at = end + 1;
+    }
+    return lines;
+  }
+
   // Waits until the router has nothing in flight (or 60 s).
   bool WaitRouterIdle() {
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -679,6 +695,7 @@ TEST_F(OverloadTest, RefusalsAreCountedUnderTheirReasons) {
   // client sends 40 normal ones.
   const double deadline_before = series("deadline");
   const double rejected_before_tiny = series("rejected");
+  const std::string reasons_before = RouterLines("pdserve_requests_rejected_total{");
   std::atomic<int> tiny_deadline{0};
   std::atomic<int> tiny_other{0};
   std::thread impatient([&] {
@@ -708,7 +725,11 @@ TEST_F(OverloadTest, RefusalsAreCountedUnderTheirReasons) {
             << " router_counted_rejected=" << counted_rejected
             << "; other_client served=" << others.served << "/40" << std::endl;
   EXPECT_EQ(tiny_other.load(), 0);
-  EXPECT_EQ(counted_rejected, 0);
+  EXPECT_EQ(counted_rejected, 0) << "refusals by reason before:\n"
+                                 << reasons_before << "after:\n"
+                                 << RouterLines("pdserve_requests_rejected_total{")
+                                 << "router log:\n"
+                                 << cluster_->RouterLog();
   EXPECT_LE(counted_deadline, 100);
   EXPECT_EQ(others.served, 40) << Failures(others);
 }

@@ -305,6 +305,44 @@ TEST_F(RequestSessionTest, StartPastTheDeadlineIsDeadlineNotRejected) {
   EXPECT_EQ(TotalRequests(), 1);
 }
 
+// gRPC ends the workers' calls at the deadline on its own clock, a little
+// ahead of absl::Now() at times: what fails in the last few milliseconds
+// (a retry refused for want of room, say) is the deadline's, not a refusal.
+TEST_F(RequestSessionTest, RefusalsRightBeforeTheDeadlineAreCountedAsDeadline) {
+  orchestrator_.refusal = WithRejectReason(absl::ResourceExhaustedError("no room"), "overloaded");
+  auto manager = Manager();
+  absl::Time now = absl::Now();
+  auto refused = manager->Start(TextRequest("x", 8),
+                                {.arrival = now, .deadline = now + absl::Milliseconds(2)});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDeadlineExceeded);
+
+  orchestrator_.refusal = absl::OkStatus();
+  orchestrator_.script = {
+      Step{{}, WithRejectReason(absl::ResourceExhaustedError("no room"), "overloaded")}};
+  now = absl::Now();
+  auto session = manager->Start(TextRequest("x", 8),
+                                {.arrival = now, .deadline = now + absl::Milliseconds(2)});
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<Delta> deltas;
+  EXPECT_EQ(Run(**session, &deltas).code(), absl::StatusCode::kDeadlineExceeded);
+
+  EXPECT_EQ(Requests("deadline"), 2);
+  EXPECT_EQ(Requests("rejected"), 0);
+  EXPECT_EQ(Rejected("overloaded"), 0);
+  EXPECT_EQ(TotalRequests(), 2);
+
+  // Far from the deadline they are refusals, as before.
+  orchestrator_.script = {
+      Step{{}, WithRejectReason(absl::ResourceExhaustedError("no room"), "overloaded")}};
+  now = absl::Now();
+  auto early =
+      manager->Start(TextRequest("x", 8), {.arrival = now, .deadline = now + absl::Seconds(600)});
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_EQ(Run(**early, &deltas).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Requests("rejected"), 1);
+  EXPECT_EQ(Rejected("overloaded"), 1);
+}
+
 TEST_F(RequestSessionTest, SeedIsResolvedOnceAndKeptWhenGiven) {
   orchestrator_.script = {Step{{Finished(engine::FinishReason::kStop)}}};
   auto manager = Manager();

@@ -4,27 +4,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/base/cli.h"
 #include "common/base/logging.h"
 #include "common/base/process.h"
+#include "common/service/auth_flags.h"
 #include "common/process_metrics.h"
 #include "common/ready_file.h"
-#include "common/service/auth_flags.h"
 
 namespace pdserve {
 
 void StartProcess(int argc, char** argv, const char* usage, const char* main_file) {
   BlockShutdownSignals();
-#ifdef NDEBUG
-  // Abseil picks its Mutex deadlock detection by how Abseil itself was
-  // built: Debian's packages are built without NDEBUG, so every lock taken
-  // in a release build of ours would update a process-wide lock-order graph
-  // (seen at about 4% of the router's CPU in a profile while it relayed
-  // tokens). Release builds turn it off; debug and sanitizer builds keep it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-#endif
   ParseFlags(argc, argv, usage, main_file);
 }
 

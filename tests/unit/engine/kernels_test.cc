@@ -1,12 +1,22 @@
-// CPU kernels: bf16 packing and attention's grouped dot products. The weight
-// matmuls are tested in weight_matrix_test.cc.
+// CPU kernels: bf16 packing, attention's grouped dot products and the lane
+// sums. The weight matmuls are tested in weight_matrix_test.cc.
 #include "engine/cpu/kernels.h"
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
+// on their own placeholder operands (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/lane_sums.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine::cpu {
@@ -72,6 +82,74 @@ TEST(AttentionKernelsTest, GroupedDotsAndAxpysMatchPlainSums) {
     }
   }
 }
+
+// The block kernels give what the one-key kernels give key by key, bit for
+// bit (a row's attention does not depend on how its keys fall into blocks),
+// for head sizes on both sides of the register-resident limit (128) and runs
+// of keys on both sides of 16.
+TEST(AttentionKernelsTest, BlockKernelsGiveTheOneKeyKernelsExactly) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int n : {1, 15, 16, 17, 32, 64, 100, 128, 129, 256, 300}) {
+    for (int count : {1, 2, 3, 5}) {
+      for (int tokens : {1, 7, 16, 17, 40}) {
+        const int64_t kv_stride = n + 3, stride = tokens + 2;
+        std::vector<float> q(static_cast<size_t>(count) * n);
+        std::vector<float> k(static_cast<size_t>(tokens * kv_stride));
+        std::vector<float> v(k.size());
+        for (float& x : q) x = dist(gen);
+        for (float& x : k) x = dist(gen);
+        for (float& x : v) x = dist(gen);
+        std::vector<float> block(static_cast<size_t>(count * stride), -1.0f), one = block;
+        DotsOfKeys(q.data(), count, k.data(), kv_stride, tokens, n, 0.17f, block.data(), stride);
+        for (int t = 0; t < tokens; ++t) {
+          DotsOfOneKey(q.data(), count, k.data() + t * kv_stride, n, 0.17f, one.data() + t, stride);
+        }
+        ASSERT_EQ(block, one) << "scores, n " << n << " count " << count << " tokens " << tokens;
+        std::vector<float> out_block(q.size(), 0.25f), out_one = out_block;
+        AxpysOfValues(block.data(), stride, v.data(), kv_stride, tokens, n, out_block.data(),
+                      count);
+        for (int t = 0; t < tokens; ++t) {
+          AxpysOfOneValue(one.data() + t, stride, v.data() + t * kv_stride, n, out_one.data(),
+                          count);
+        }
+        ASSERT_EQ(out_block, out_one)
+            << "outputs, n " << n << " count " << count << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// SumLanes16's lane r is SumLanes of vector r, bit for bit; and SumLanes sums
+// in the order of GCC's _mm512_reduce_add_ps, which the kernels used before.
+__attribute__((target("avx512f"))) void CheckLaneSums(uint32_t seed) {
+  std::mt19937 gen(seed);
+  // Magnitudes spread over many binades, so that a different order of the
+  // additions would round differently.
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  alignas(64) float lanes[16][16];
+  __m512 v[16];
+  for (int r = 0; r < 16; ++r) {
+    for (float& x : lanes[r]) x = std::ldexp(mantissa(gen), exponent(gen));
+    v[r] = _mm512_load_ps(lanes[r]);
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, SumLanes16(v));
+  for (int r = 0; r < 16; ++r) {
+    ASSERT_EQ(sums[r], SumLanes(v[r])) << "vector " << r;
+#if defined(__GNUC__) && !defined(__clang__)
+    ASSERT_EQ(SumLanes(v[r]), _mm512_reduce_add_ps(v[r])) << "vector " << r;
+#endif
+  }
+}
+
+TEST(LaneSumsTest, SixteenAtOnceSumAsOneAtATime) {
+  if (BestIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (uint32_t seed = 1; seed <= 200; ++seed) CheckLaneSums(seed);
+}
+#endif
 
 }  // namespace
 }  // namespace pdserve::engine::cpu

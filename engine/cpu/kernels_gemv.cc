@@ -404,29 +404,36 @@ PDSERVE_AVX512 inline void AccumulateAvx512(const T* row, const float* x, int k,
   constexpr int kN = sizeof...(Us);
   const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
   const __mmask16 tail = TailMask(k - k16);
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
     for (int j = 0; j < kN; ++j) a[g][j] = _mm512_setzero_ps();
   }
   int i = 0;
   for (; i < kb; i += 16 * kU) {
+#pragma GCC unroll 4
     for (int j = 0; j < kN; ++j) {
       const __m512 wv = Loader::Load(row + i + 16 * kUs[j]);
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         a[g][j] =
             _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i + 16 * kUs[j]), a[g][j]);
       }
     }
   }
+#pragma GCC unroll 4
   for (int j = 0; j < kN; ++j) {
     if (kUs[j] == 0) {
       for (int r = i; r < k16; r += 16) {
         const __m512 wv = Loader::Load(row + r);
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
           a[g][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + r), a[g][j]);
         }
       }
     } else if (kUs[j] == 1 && tail) {
       const __m512 wv = Loader::Load(row + k16, tail);
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         a[g][j] =
             _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + int64_t{g} * k + k16), a[g][j]);

@@ -2,13 +2,6 @@
 #include "engine/cpu/kernels.h"
 
 #include <cblas.h>
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
-// on their own placeholder operands (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +11,8 @@
 #include "engine/cpu/count_dispatch.h"
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/cpu/lane_sums.h"
+#include "engine/cpu/vector_exp.h"
+#include "engine/cpu/x86_intrinsics.h"
 
 namespace pdserve::engine::cpu {
 
@@ -91,10 +86,9 @@ void ApplyRope(float* x, int num_heads, int head_dim, const float* cos, const fl
 }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = -gate[i];
+  ExpFloats(out, out, n);  // std::exp's values, 16 at a time
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + out[i]) * up[i];
 }
 
 void AddInPlace(float* y, const float* x, int64_t n, int num_threads) {
@@ -384,11 +378,10 @@ void Axpy(float a, const float* x, float* y, int n) {
 
 void Softmax(float* x, int n) {
   const float max = *std::max_element(x, x + n);
+  for (int i = 0; i < n; ++i) x[i] -= max;
+  ExpFloats(x, x, n);  // std::exp's values, 16 at a time
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
-  }
+  for (int i = 0; i < n; ++i) sum += x[i];  // in order: the same sum as ever
   const float inv = 1.0f / sum;
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }

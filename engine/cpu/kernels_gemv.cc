@@ -1,21 +1,13 @@
 // Weight-streaming GEMV kernels; see kernels_gemv.h for the contracts.
 #include "engine/cpu/kernels_gemv.h"
 
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
-// on their own placeholder operands (GCC bug 105593); the kernels read
-// nothing uninitialised.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "engine/cpu/count_dispatch.h"
 #include "engine/cpu/lane_sums.h"
+#include "engine/cpu/x86_intrinsics.h"
 
 namespace pdserve::engine::cpu {
 namespace {

@@ -12,9 +12,9 @@
 // Internal to the CPU backend; x86-64 with AVX-512 F only.
 #pragma once
 
-#if defined(__x86_64__)
-#include <immintrin.h>
+#include "engine/cpu/x86_intrinsics.h"
 
+#if defined(__x86_64__)
 namespace pdserve::engine::cpu {
 
 #define PDSERVE_LANE_SUMS_AVX512 __attribute__((target("avx512f")))

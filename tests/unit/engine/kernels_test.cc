@@ -1,22 +1,17 @@
-// CPU kernels: bf16 packing, attention's grouped dot products and the lane
-// sums. The weight matmuls are tested in weight_matrix_test.cc.
+// CPU kernels: bf16 packing, attention's grouped dot products, the lane
+// sums and the vector exp. The weight matmuls are tested in weight_matrix_test.cc.
 #include "engine/cpu/kernels.h"
-
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
-// on their own placeholder operands (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/cpu/lane_sums.h"
+#include "engine/cpu/vector_exp.h"
+#include "engine/cpu/x86_intrinsics.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine::cpu {
@@ -116,6 +111,45 @@ TEST(AttentionKernelsTest, BlockKernelsGiveTheOneKeyKernelsExactly) {
         ASSERT_EQ(out_block, out_one)
             << "outputs, n " << n << " count " << count << " tokens " << tokens;
       }
+    }
+  }
+}
+
+// ExpFloats against std::exp over a spread of every float's bit patterns
+// (every 4093rd, both signs: normal, subnormal, the |x| >= 88 cases, the
+// infinities and NaN), odd lengths included. With glibc it computes glibc's
+// expf, bit for bit (checked over every float once; this is the sample that
+// stays in the suite); with another C library, within an ulp.
+TEST(VectorExpTest, MatchesStdExp) {
+  std::vector<float> in;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += 4093) {
+    float x;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&x, &b, sizeof x);
+    in.push_back(x);
+  }
+  for (float x : {0.0f, -0.0f, 88.0f, -88.0f, 88.72f, -103.3f, -104.0f, 1e-30f, -1e-30f}) {
+    in.push_back(x);
+  }
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(-std::numeric_limits<float>::infinity());
+  in.push_back(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, static_cast<int64_t>(in.size())}) {
+    std::vector<float> out(static_cast<size_t>(n));
+    ExpFloats(in.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = std::exp(in[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[i])) << in[i];
+        continue;
+      }
+#if defined(__GLIBC__)
+      ASSERT_EQ(std::memcmp(&out[i], &want, sizeof want), 0)
+          << std::hexfloat << in[i] << ": " << out[i] << " against " << want;
+#else
+      ASSERT_LE(std::abs(out[i] - want), std::abs(std::nextafter(want, 0.0f) - want) * 1.01f)
+          << std::hexfloat << in[i];
+#endif
     }
   }
 }

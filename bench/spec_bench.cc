@@ -5,7 +5,7 @@
 //   pdserve_spec_bench [--model_dir=tools/demo_model]
 //       [--draft_model_dir=tools/demo_model/draft] [--methods=off,ngram,draft]
 //       [--workloads=copy,verse,sampled] [--batches=1,8] [--k=4] [--rounds=3]
-//       [--max_tokens=64] [--threads=0]
+//       [--max_tokens=64] [--threads=0] [--step_costs]
 //
 // Workloads over eight paragraphs of the demo model's training text (public
 // domain, tools/demo_model/README.md):
@@ -21,7 +21,11 @@
 // time and by the process's CPU time (which other load on a shared machine
 // disturbs far less), with the load average before and after. Tokens/s
 // counts tokens of decode steps only (after each prompt's first token);
-// greedy output is checked identical across methods.
+// greedy output is checked identical across methods. "tok/step" is decode
+// tokens per decode step: at batch 1 the most speculation can gain if a
+// verification cost no more than a plain step. --step_costs also prints,
+// per method, the runner's CPU time per decode step by the step's rows (a
+// plain batch-1 step has 1, a verification 1 + its proposals).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,6 +54,7 @@ ABSL_FLAG(int, max_batch, 4, "--speculative_max_batch (0: no limit)");
 ABSL_FLAG(int, rounds, 3, "Rounds; each runs every method once");
 ABSL_FLAG(int, max_tokens, 64, "Tokens per request at most");
 ABSL_FLAG(int, threads, 0, "Runner threads (0: all cores)");
+ABSL_FLAG(bool, step_costs, false, "Print the runner's CPU time per decode step by its rows");
 
 namespace pdserve {
 namespace {
@@ -96,6 +101,9 @@ struct Run {
   double seconds = 0;      // decode steps, wall
   double cpu_seconds = 0;  // decode steps, the process's CPU time
   int64_t tokens = 0;      // tokens of decode steps
+  int64_t steps = 0;       // decode steps
+  // Rows of a decode step -> (steps, the runner's CPU seconds in them).
+  std::map<int, std::pair<int64_t, double>> step_cpu;
   int64_t proposed = 0, accepted = 0, verifications = 0;
   std::map<engine::SeqId, std::vector<int32_t>> outputs;
 };
@@ -135,7 +143,15 @@ void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests,
       std::exit(1);
     }
     const bool decode = !step.prompt_work;
+    // (Only when asked: a clock read more per step.)
+    const bool step_cost = decode && absl::GetFlag(FLAGS_step_costs);
+    const double step_start = step_cost ? CpuSeconds() : 0;
     const absl::StatusOr<engine::StepOutput> out = runner.Step(step.batch);
+    if (step_cost) {
+      std::pair<int64_t, double>& cost = run.step_cpu[step.num_tokens];
+      ++cost.first;
+      cost.second += CpuSeconds() - step_start;
+    }
     if (!out.ok()) {
       std::fprintf(stderr, "step failed: %s\n", out.status().ToString().c_str());
       std::exit(1);
@@ -160,6 +176,7 @@ void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests,
       run.seconds += std::chrono::duration<double>(Clock::now() - start).count();
       run.cpu_seconds += CpuSeconds() - cpu_start;
       run.tokens += tokens;
+      ++run.steps;
     }
   }
 }
@@ -197,8 +214,9 @@ int Main() {
               absl::GetFlag(FLAGS_k), absl::GetFlag(FLAGS_max_batch), absl::GetFlag(FLAGS_rounds),
               absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_threads));
   std::printf("load average before: %s\n", load_before.c_str());
-  std::printf("%-8s %5s %-6s %10s %10s %8s %8s %10s %10s %9s\n", "workload", "batch", "method",
-              "tok/s", "cpu tok/s", "x wall", "x cpu", "accepted", "tok/verif", "identical");
+  std::printf("%-8s %5s %-6s %10s %10s %8s %8s %10s %10s %9s %9s\n", "workload", "batch", "method",
+              "tok/s", "cpu tok/s", "x wall", "x cpu", "accepted", "tok/verif", "tok/step",
+              "identical");
 
   for (const std::string& workload : workloads) {
     std::vector<Request> requests;
@@ -220,6 +238,8 @@ int Main() {
     for (int batch : batches) {
       std::map<std::string, std::vector<double>> wall, cpu;
       std::map<std::string, Run> last;
+      // Per method, over all rounds: rows -> (steps, CPU seconds).
+      std::map<std::string, std::map<int, std::pair<int64_t, double>>> step_cpu;
       for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
         for (size_t m = 0; m < methods.size(); ++m) {
           const std::string& method = methods[(m + round) % methods.size()];
@@ -244,6 +264,10 @@ int Main() {
             RunBatch(**runner, requests, first, std::min<size_t>(batch, requests.size() - first),
                      spec->get(), run);
           }
+          for (const auto& [rows, cost] : run.step_cpu) {
+            step_cpu[method][rows].first += cost.first;
+            step_cpu[method][rows].second += cost.second;
+          }
           wall[method].push_back(run.tokens / run.seconds);
           cpu[method].push_back(run.tokens / run.cpu_seconds);
           last[method] = std::move(run);
@@ -254,12 +278,23 @@ int Main() {
         const Run& r = last[method];
         const bool identical = workload == "sampled" || r.outputs == last[methods[0]].outputs;
         std::printf(
-            "%-8s %5d %-6s %10.1f %10.1f %8.2f %8.2f %9.1f%% %10.2f %9s\n", workload.c_str(), batch,
-            method.c_str(), Median(wall[method]), Median(cpu[method]),
+            "%-8s %5d %-6s %10.1f %10.1f %8.2f %8.2f %9.1f%% %10.2f %9.2f %9s\n", workload.c_str(),
+            batch, method.c_str(), Median(wall[method]), Median(cpu[method]),
             Median(wall[method]) / base_wall, Median(cpu[method]) / base_cpu,
             r.proposed > 0 ? 100.0 * r.accepted / r.proposed : 0.0,
             r.verifications > 0 ? 1.0 + static_cast<double>(r.accepted) / r.verifications : 0.0,
-            identical ? "yes" : "NO");
+            r.steps > 0 ? static_cast<double>(r.tokens) / r.steps : 0.0, identical ? "yes" : "NO");
+      }
+      if (absl::GetFlag(FLAGS_step_costs)) {
+        for (const std::string& method : methods) {
+          std::printf("  %s %d %s, CPU us per decode step by rows (steps):", workload.c_str(),
+                      batch, method.c_str());
+          for (const auto& [rows, cost] : step_cpu[method]) {
+            std::printf(" %d: %.0f (%lld)", rows, 1e6 * cost.second / cost.first,
+                        static_cast<long long>(cost.first));
+          }
+          std::printf("\n");
+        }
       }
       std::fflush(stdout);
     }

@@ -2,20 +2,17 @@
 #include "engine/cpu/kernels.h"
 
 #include <cblas.h>
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
-// on their own placeholder operands (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "engine/cpu/count_dispatch.h"
 #include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/lane_sums.h"
+#include "engine/cpu/vector_exp.h"
+#include "engine/cpu/x86_intrinsics.h"
 
 namespace pdserve::engine::cpu {
 
@@ -89,10 +86,9 @@ void ApplyRope(float* x, int num_heads, int head_dim, const float* cos, const fl
 }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = -gate[i];
+  ExpFloats(out, out, n);  // std::exp's values, 16 at a time
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + out[i]) * up[i];
 }
 
 void AddInPlace(float* y, const float* x, int64_t n, int num_threads) {
@@ -187,7 +183,7 @@ __attribute__((target("avx512f"))) void DotsOfOneKeyAvx512(const float* q, int c
       s1 =
           _mm512_fmadd_ps(_mm512_maskz_loadu_ps(key.tail, qj + 16 * key.full), key.v[key.full], s1);
     }
-    scores[j * stride] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+    scores[j * stride] = SumLanes(_mm512_add_ps(s0, s1)) * scale;
   }
 }
 
@@ -211,6 +207,104 @@ __attribute__((target("avx512f"))) void AxpysOfOneValueAvx512(const float* weigh
   }
 }
 #endif
+
+// DotsOfKeys for heads of n <= 16 NV values: query head j in NV registers,
+// each key's products summed as DotsOfOneKeyAvx512 sums them (s0 over even
+// vectors, s1 over odd ones and the masked tail), the lane sums of 16 keys
+// at a time by SumLanes16.
+template <int NV>
+__attribute__((target("avx512f"))) void DotsOfKeysAvx512(const float* q, int count, const float* k,
+                                                         int64_t k_stride, int tokens, int n,
+                                                         float scale, float* scores,
+                                                         int64_t stride) {
+  const int full = n / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16)) - 1);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int j = 0; j < count; ++j) {
+    const float* qj = q + int64_t{j} * n;
+    __m512 qv[NV];
+    for (int i = 0; i < NV; ++i) {
+      qv[i] = i < full ? _mm512_loadu_ps(qj + 16 * i) : _mm512_maskz_loadu_ps(tail, qj + 16 * i);
+    }
+    float* sj = scores + j * stride;
+    __m512 sums[16];
+    for (int t = 0; t < tokens; ++t) {
+      const float* kt = k + t * k_stride;
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+      int i = 0;
+      for (; i + 1 < full; i += 2) {
+        s0 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kt + 16 * i), s0);
+        s1 = _mm512_fmadd_ps(qv[i + 1], _mm512_loadu_ps(kt + 16 * i + 16), s1);
+      }
+      if (i < full) s0 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kt + 16 * i), s0);
+      if (NV > full) {
+        s1 = _mm512_fmadd_ps(qv[full], _mm512_maskz_loadu_ps(tail, kt + 16 * full), s1);
+      }
+      sums[t % 16] = _mm512_add_ps(s0, s1);
+      if (t % 16 == 15) {
+        _mm512_storeu_ps(sj + t - 15, _mm512_mul_ps(SumLanes16(sums), scale_v));
+      }
+    }
+    for (int t = tokens / 16 * 16; t < tokens; ++t) sj[t] = SumLanes(sums[t % 16]) * scale;
+  }
+}
+
+// AxpysOfValues for heads of n <= 16 NV values, J heads at a time: their
+// outputs in J * NV registers across all the values (J chains of FMAs
+// hide each other's latency), each lane's FMAs in token order as
+// AxpysOfOneValueAvx512 does them.
+template <int NV, int J>
+__attribute__((target("avx512f"))) void AxpysOfValuesAvx512(const float* weights, int64_t stride,
+                                                            const float* v, int64_t v_stride,
+                                                            int tokens, int n, float* out) {
+  const int full = n / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16)) - 1);
+  __m512 acc[J][NV];
+  for (int j = 0; j < J; ++j) {
+    for (int i = 0; i < NV; ++i) {
+      const float* o = out + int64_t{j} * n + 16 * i;
+      acc[j][i] = i < full ? _mm512_loadu_ps(o) : _mm512_maskz_loadu_ps(tail, o);
+    }
+  }
+  for (int t = 0; t < tokens; ++t) {
+    const float* vt = v + t * v_stride;
+    __m512 value[NV];
+    for (int i = 0; i < NV; ++i) {
+      value[i] = i < full ? _mm512_loadu_ps(vt + 16 * i) : _mm512_maskz_loadu_ps(tail, vt + 16 * i);
+    }
+    for (int j = 0; j < J; ++j) {
+      const __m512 a = _mm512_set1_ps(weights[j * stride + t]);
+      for (int i = 0; i < NV; ++i) acc[j][i] = _mm512_fmadd_ps(a, value[i], acc[j][i]);
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    for (int i = 0; i < NV; ++i) {
+      float* o = out + int64_t{j} * n + 16 * i;
+      if (i < full) {
+        _mm512_storeu_ps(o, acc[j][i]);
+      } else {
+        _mm512_mask_storeu_ps(o, tail, acc[j][i]);
+      }
+    }
+  }
+}
+
+template <int NV>
+__attribute__((target("avx512f"))) void AxpysOfValuesAvx512(const float* weights, int64_t stride,
+                                                            const float* v, int64_t v_stride,
+                                                            int tokens, int n, float* out,
+                                                            int count) {
+  constexpr int kJ = NV <= 4 ? 4 : 2;  // at most 16 accumulators
+  int j = 0;
+  for (; j + kJ <= count; j += kJ) {
+    AxpysOfValuesAvx512<NV, kJ>(weights + j * stride, stride, v, v_stride, tokens, n,
+                                out + int64_t{j} * n);
+  }
+  for (; j < count; ++j) {
+    AxpysOfValuesAvx512<NV, 1>(weights + j * stride, stride, v, v_stride, tokens, n,
+                               out + int64_t{j} * n);
+  }
+}
 
 // Whether DotsOfOneKey and AxpysOfOneValue run AVX-512 for rows of n.
 bool AttentionAvx512(int n) {
@@ -239,6 +333,33 @@ void AxpysOfOneValue(const float* weights, int64_t stride, const float* v, int n
   for (int j = 0; j < count; ++j) Axpy(weights[j * stride], v, out + int64_t{j} * n, n);
 }
 
+void DotsOfKeys(const float* q, int count, const float* k, int64_t k_stride, int tokens, int n,
+                float scale, float* scores, int64_t stride) {
+#if defined(__x86_64__)
+  if (AttentionAvx512(n) && n <= 128) {
+    return WithCount<8>((n + 15) / 16, [&](auto nv) {
+      DotsOfKeysAvx512<nv>(q, count, k, k_stride, tokens, n, scale, scores, stride);
+    });
+  }
+#endif
+  for (int t = 0; t < tokens; ++t)
+    DotsOfOneKey(q, count, k + t * k_stride, n, scale, scores + t, stride);
+}
+
+void AxpysOfValues(const float* weights, int64_t stride, const float* v, int64_t v_stride,
+                   int tokens, int n, float* out, int count) {
+#if defined(__x86_64__)
+  if (AttentionAvx512(n) && n <= 128) {
+    return WithCount<8>((n + 15) / 16, [&](auto nv) {
+      AxpysOfValuesAvx512<nv>(weights, stride, v, v_stride, tokens, n, out, count);
+    });
+  }
+#endif
+  for (int t = 0; t < tokens; ++t) {
+    AxpysOfOneValue(weights + t, stride, v + t * v_stride, n, out, count);
+  }
+}
+
 // Attention calls Dot and Axpy once per (head, position): the portable
 // loops, built for the baseline x86-64 target, are 4 lanes wide.
 float Dot(const float* a, const float* b, int n) {
@@ -257,11 +378,10 @@ void Axpy(float a, const float* x, float* y, int n) {
 
 void Softmax(float* x, int n) {
   const float max = *std::max_element(x, x + n);
+  for (int i = 0; i < n; ++i) x[i] -= max;
+  ExpFloats(x, x, n);  // std::exp's values, 16 at a time
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
-  }
+  for (int i = 0; i < n; ++i) sum += x[i];  // in order: the same sum as ever
   const float inv = 1.0f / sum;
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }

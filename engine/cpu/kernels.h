@@ -67,6 +67,19 @@ void DotsOfOneKey(const float* q, int count, const float* k, int n, float scale,
                   int64_t stride);
 void AxpysOfOneValue(const float* weights, int64_t stride, const float* v, int n, float* out,
                      int count);
+// DotsOfOneKey and AxpysOfOneValue over `tokens` keys or values at once,
+// key (value) t at k + t * k_stride (v + t * v_stride), for the cached tokens
+// of one KV block:
+//   scores[j * stride + t] = DotsOfOneKey's score of q head j and key t,
+//   out + j * n += weights[j * stride + t] * v_t, for t = 0, 1, ... in turn,
+// bit for bit what the one-key functions give called key by key. With
+// AVX-512 and n <= 128 the heads' accumulators stay in registers across the
+// keys and the scores of 16 keys are summed at once (lane_sums.h), not one
+// call and one horizontal sum per key and head.
+void DotsOfKeys(const float* q, int count, const float* k, int64_t k_stride, int tokens, int n,
+                float scale, float* scores, int64_t stride);
+void AxpysOfValues(const float* weights, int64_t stride, const float* v, int64_t v_stride,
+                   int tokens, int n, float* out, int count);
 // Asks the CPU to bring x[0..n) into cache (a hint: no effect on results).
 inline void Prefetch(const float* x, int n) {
   for (int i = 0; i < n; i += 16) __builtin_prefetch(x + i);

@@ -1,18 +1,13 @@
 // Weight-streaming GEMV kernels; see kernels_gemv.h for the contracts.
 #include "engine/cpu/kernels_gemv.h"
 
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized and -Wuninitialized
-// on their own placeholder operands (GCC bug 105593); the kernels read
-// nothing uninitialised.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "engine/cpu/count_dispatch.h"
+#include "engine/cpu/lane_sums.h"
+#include "engine/cpu/x86_intrinsics.h"
 
 namespace pdserve::engine::cpu {
 namespace {
@@ -222,12 +217,16 @@ struct Bf16x16 {
 // columns per iteration, one accumulator each. fp32 streams fastest with two
 // (a 128-byte step), bf16 with four (also 128 bytes): in a scratch
 // microbenchmark over the decode matrices of docs/performance.md, fp32 with
-// four accumulators streamed about 10% slower than with two.
+// four accumulators streamed about 10% slower than with two. Each row's
+// accumulators end in one vector whose lanes sum to y[r]; those sums are taken
+// 16 rows at a time (SumLanes16, lane_sums.h), the same numbers as one row's
+// SumLanes at about a quarter of the shuffles and adds.
 template <typename Loader, typename T>
 PDSERVE_AVX512 void GemvAvx512(const T* w, const float* x, float* y, int n, int k) {
   constexpr int kU = Loader::kUnroll;
   const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
   const __mmask16 tail = TailMask(k - k16);
+  __m512 sums[16];  // the rows' vectors whose lanes sum to y, 16 rows at a time
   for (int r = 0; r < n; ++r) {
     const T* row = w + int64_t{r} * k;
     __m512 a[kU];
@@ -245,8 +244,10 @@ PDSERVE_AVX512 void GemvAvx512(const T* w, const float* x, float* y, int n, int 
       a[1] = _mm512_fmadd_ps(Loader::Load(row + i, tail), _mm512_maskz_loadu_ps(tail, x + i), a[1]);
     }
     for (int u = 2; u < kU; ++u) a[u & 1] = _mm512_add_ps(a[u & 1], a[u]);
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+    sums[r % 16] = _mm512_add_ps(a[0], a[1]);
+    if (r % 16 == 15) _mm512_storeu_ps(y + r - 15, SumLanes16(sums));
   }
+  for (int r = n / 16 * 16; r < n; ++r) y[r] = SumLanes(sums[r % 16]);
 }
 
 // 16 quantized values narrowed to T and stored.
@@ -382,45 +383,100 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
   }
 }
 
-// GemvAvx512 over G vectors at once (x: G rows of k, y: G rows of ldy): each
-// weight vector is loaded and widened once for all of them, and each
-// vector's products are summed exactly as GemvAvx512 sums them.
+// GemvAvx512's accumulators a[u] for u in `Us` (a subset of 0 .. kU - 1),
+// for G vectors at once (x: G rows of k): each weight vector is loaded and
+// widened once for all of them, and each a[u] takes exactly the products,
+// in the order, that GemvAvx512 gives it (the main loop, then the k16
+// remainder into a[0] and the masked tail into a[1]).
+template <typename Loader, typename T, int G, int... Us>
+PDSERVE_AVX512 inline void AccumulateAvx512(const T* row, const float* x, int k,
+                                            __m512 (&a)[G][sizeof...(Us)]) {
+  constexpr int kU = Loader::kUnroll;
+  constexpr int kUs[] = {Us...};
+  constexpr int kN = sizeof...(Us);
+  const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
+  const __mmask16 tail = TailMask(k - k16);
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kN; ++j) a[g][j] = _mm512_setzero_ps();
+  }
+  int i = 0;
+  for (; i < kb; i += 16 * kU) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kN; ++j) {
+      const __m512 wv = Loader::Load(row + i + 16 * kUs[j]);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        a[g][j] =
+            _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i + 16 * kUs[j]), a[g][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < kN; ++j) {
+    if (kUs[j] == 0) {
+      for (int r = i; r < k16; r += 16) {
+        const __m512 wv = Loader::Load(row + r);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          a[g][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + r), a[g][j]);
+        }
+      }
+    } else if (kUs[j] == 1 && tail) {
+      const __m512 wv = Loader::Load(row + k16, tail);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        a[g][j] =
+            _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + int64_t{g} * k + k16), a[g][j]);
+      }
+    }
+  }
+}
+
+// GemvAvx512 over G vectors at once (x: G rows of k, y: G rows of ldy), each
+// vector's result bit for bit GemvAvx512's. With four accumulators (bf16) and
+// more than five vectors, 4 G accumulators would not fit the 32 registers:
+// each row is then walked twice, over accumulators 0 and 2 (summed as
+// GemvAvx512 sums them), then 1 and 3; every weight is still loaded once,
+// and the row's second walk reads it from L1.
 template <typename Loader, typename T, int G>
 PDSERVE_AVX512 void GemvManyAvx512(const T* w, const float* x, float* y, int ldy, int n, int k) {
   constexpr int kU = Loader::kUnroll;
-  const int kb = k / (16 * kU) * (16 * kU), k16 = k / 16 * 16;
-  const __mmask16 tail = TailMask(k - k16);
+  static_assert(kU == 2 || kU == 4);
+  __m512 sums[G][16];  // as in GemvAvx512, per vector
   for (int r = 0; r < n; ++r) {
     const T* row = w + int64_t{r} * k;
-    __m512 a[G][kU];
-    for (int g = 0; g < G; ++g) {
-      for (int u = 0; u < kU; ++u) a[g][u] = _mm512_setzero_ps();
-    }
-    int i = 0;
-    for (; i < kb; i += 16 * kU) {
-      for (int u = 0; u < kU; ++u) {
-        const __m512 wv = Loader::Load(row + i + 16 * u);
-        for (int g = 0; g < G; ++g) {
-          a[g][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i + 16 * u), a[g][u]);
-        }
-      }
-    }
-    for (; i < k16; i += 16) {
-      const __m512 wv = Loader::Load(row + i);
+    __m512 b0[G], b1[G];
+    if constexpr (kU == 2) {
+      __m512 a[G][2];
+      AccumulateAvx512<Loader, T, G, 0, 1>(row, x, k, a);
       for (int g = 0; g < G; ++g) {
-        a[g][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t{g} * k + i), a[g][0]);
+        b0[g] = a[g][0];
+        b1[g] = a[g][1];
       }
-    }
-    if (tail) {
-      const __m512 wv = Loader::Load(row + i, tail);
+    } else if constexpr (G <= 5) {  // 20 accumulators
+      __m512 a[G][4];
+      AccumulateAvx512<Loader, T, G, 0, 1, 2, 3>(row, x, k, a);
       for (int g = 0; g < G; ++g) {
-        a[g][1] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + int64_t{g} * k + i), a[g][1]);
+        b0[g] = _mm512_add_ps(a[g][0], a[g][2]);
+        b1[g] = _mm512_add_ps(a[g][1], a[g][3]);
       }
+    } else {
+      __m512 a[G][2];
+      AccumulateAvx512<Loader, T, G, 0, 2>(row, x, k, a);
+      for (int g = 0; g < G; ++g) b0[g] = _mm512_add_ps(a[g][0], a[g][1]);
+      AccumulateAvx512<Loader, T, G, 1, 3>(row, x, k, a);
+      for (int g = 0; g < G; ++g) b1[g] = _mm512_add_ps(a[g][0], a[g][1]);
     }
-    for (int g = 0; g < G; ++g) {
-      for (int u = 2; u < kU; ++u) a[g][u & 1] = _mm512_add_ps(a[g][u & 1], a[g][u]);
-      y[int64_t{g} * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[g][0], a[g][1]));
+    for (int g = 0; g < G; ++g) sums[g][r % 16] = _mm512_add_ps(b0[g], b1[g]);
+    if (r % 16 == 15) {
+      for (int g = 0; g < G; ++g)
+        _mm512_storeu_ps(y + int64_t{g} * ldy + r - 15, SumLanes16(sums[g]));
     }
+  }
+  for (int r = n / 16 * 16; r < n; ++r) {
+    for (int g = 0; g < G; ++g) y[int64_t{g} * ldy + r] = SumLanes(sums[g][r % 16]);
   }
 }
 
@@ -459,26 +515,25 @@ PDSERVE_AVX2 void GemvManyAvx2(const T* w, const float* x, float* y, int ldy, in
   }
 }
 
-// The G-vector kernels for m vectors, G at a time.
+// The G-vector kernels for m vectors, up to 8 at a time where their rows of
+// x fit in 24 KiB (the first level of cache holds them and the weights
+// streaming past; measured slower by half at k = 2560), else up to 4: a
+// verification step's 1 + k rows (k = 4 by default) or a batch of 8 in one
+// pass over the weights.
 template <typename Loader, typename T>
 PDSERVE_AVX512 void GemvManyAvx512Groups(const T* w, const float* x, int m, float* y, int ldy,
                                          int n, int k) {
-  for (int g0 = 0; g0 < m; g0 += 4) {
+  const int most = std::clamp(static_cast<int>((24 << 10) / (sizeof(float) * k)), 4, 8);
+  for (int g0 = 0; g0 < m; g0 += most) {
     const float* xg = x + int64_t{g0} * k;
     float* yg = y + int64_t{g0} * ldy;
-    switch (std::min(4, m - g0)) {
-      case 1:
+    WithCount<8>(std::min(most, m - g0), [&](auto g) {
+      if constexpr (g == 1) {
         GemvAvx512<Loader>(w, xg, yg, n, k);
-        break;
-      case 2:
-        GemvManyAvx512<Loader, T, 2>(w, xg, yg, ldy, n, k);
-        break;
-      case 3:
-        GemvManyAvx512<Loader, T, 3>(w, xg, yg, ldy, n, k);
-        break;
-      default:
-        GemvManyAvx512<Loader, T, 4>(w, xg, yg, ldy, n, k);
-    }
+      } else {
+        GemvManyAvx512<Loader, T, g>(w, xg, yg, ldy, n, k);
+      }
+    });
   }
 }
 template <typename Loader, typename T>

@@ -1,18 +1,11 @@
 // 4-bit weight kernels; see kernels_int4.h for the layout and contracts.
 #include "engine/cpu/kernels_int4.h"
 
-#if defined(__x86_64__)
-// As kernels_gemv.cc: GCC 12's AVX-512 headers trip these on their own
-// placeholder operands (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "engine/cpu/x86_intrinsics.h"
 #include "engine/model/safetensors.h"
 
 namespace pdserve::engine::cpu {

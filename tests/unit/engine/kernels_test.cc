@@ -1,12 +1,17 @@
-// CPU kernels: bf16 packing and attention's grouped dot products. The weight
-// matmuls are tested in weight_matrix_test.cc.
+// CPU kernels: bf16 packing, attention's grouped dot products, the lane
+// sums and the vector exp. The weight matmuls are tested in weight_matrix_test.cc.
 #include "engine/cpu/kernels.h"
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include "engine/cpu/kernels_gemv.h"
+#include "engine/cpu/lane_sums.h"
+#include "engine/cpu/vector_exp.h"
+#include "engine/cpu/x86_intrinsics.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::engine::cpu {
@@ -72,6 +77,113 @@ TEST(AttentionKernelsTest, GroupedDotsAndAxpysMatchPlainSums) {
     }
   }
 }
+
+// The block kernels give what the one-key kernels give key by key, bit for
+// bit (a row's attention does not depend on how its keys fall into blocks),
+// for head sizes on both sides of the register-resident limit (128) and runs
+// of keys on both sides of 16.
+TEST(AttentionKernelsTest, BlockKernelsGiveTheOneKeyKernelsExactly) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int n : {1, 15, 16, 17, 32, 64, 100, 128, 129, 256, 300}) {
+    for (int count : {1, 2, 3, 5}) {
+      for (int tokens : {1, 7, 16, 17, 40}) {
+        const int64_t kv_stride = n + 3, stride = tokens + 2;
+        std::vector<float> q(static_cast<size_t>(count) * n);
+        std::vector<float> k(static_cast<size_t>(tokens * kv_stride));
+        std::vector<float> v(k.size());
+        for (float& x : q) x = dist(gen);
+        for (float& x : k) x = dist(gen);
+        for (float& x : v) x = dist(gen);
+        std::vector<float> block(static_cast<size_t>(count * stride), -1.0f), one = block;
+        DotsOfKeys(q.data(), count, k.data(), kv_stride, tokens, n, 0.17f, block.data(), stride);
+        for (int t = 0; t < tokens; ++t) {
+          DotsOfOneKey(q.data(), count, k.data() + t * kv_stride, n, 0.17f, one.data() + t, stride);
+        }
+        ASSERT_EQ(block, one) << "scores, n " << n << " count " << count << " tokens " << tokens;
+        std::vector<float> out_block(q.size(), 0.25f), out_one = out_block;
+        AxpysOfValues(block.data(), stride, v.data(), kv_stride, tokens, n, out_block.data(),
+                      count);
+        for (int t = 0; t < tokens; ++t) {
+          AxpysOfOneValue(one.data() + t, stride, v.data() + t * kv_stride, n, out_one.data(),
+                          count);
+        }
+        ASSERT_EQ(out_block, out_one)
+            << "outputs, n " << n << " count " << count << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+// ExpFloats against std::exp over a spread of every float's bit patterns
+// (every 4093rd, both signs: normal, subnormal, the |x| >= 88 cases, the
+// infinities and NaN), odd lengths included. With glibc it computes glibc's
+// expf, bit for bit (checked over every float once; this is the sample that
+// stays in the suite); with another C library, within an ulp.
+TEST(VectorExpTest, MatchesStdExp) {
+  std::vector<float> in;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += 4093) {
+    float x;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&x, &b, sizeof x);
+    in.push_back(x);
+  }
+  for (float x : {0.0f, -0.0f, 88.0f, -88.0f, 88.72f, -103.3f, -104.0f, 1e-30f, -1e-30f}) {
+    in.push_back(x);
+  }
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(-std::numeric_limits<float>::infinity());
+  in.push_back(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, static_cast<int64_t>(in.size())}) {
+    std::vector<float> out(static_cast<size_t>(n));
+    ExpFloats(in.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = std::exp(in[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[i])) << in[i];
+        continue;
+      }
+#if defined(__GLIBC__)
+      ASSERT_EQ(std::memcmp(&out[i], &want, sizeof want), 0)
+          << std::hexfloat << in[i] << ": " << out[i] << " against " << want;
+#else
+      ASSERT_LE(std::abs(out[i] - want), std::abs(std::nextafter(want, 0.0f) - want) * 1.01f)
+          << std::hexfloat << in[i];
+#endif
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// SumLanes16's lane r is SumLanes of vector r, bit for bit; and SumLanes sums
+// in the order of GCC's _mm512_reduce_add_ps, which the kernels used before.
+__attribute__((target("avx512f"))) void CheckLaneSums(uint32_t seed) {
+  std::mt19937 gen(seed);
+  // Magnitudes spread over many binades, so that a different order of the
+  // additions would round differently.
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  alignas(64) float lanes[16][16];
+  __m512 v[16];
+  for (int r = 0; r < 16; ++r) {
+    for (float& x : lanes[r]) x = std::ldexp(mantissa(gen), exponent(gen));
+    v[r] = _mm512_load_ps(lanes[r]);
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, SumLanes16(v));
+  for (int r = 0; r < 16; ++r) {
+    ASSERT_EQ(sums[r], SumLanes(v[r])) << "vector " << r;
+#if defined(__GNUC__) && !defined(__clang__)
+    ASSERT_EQ(SumLanes(v[r]), _mm512_reduce_add_ps(v[r])) << "vector " << r;
+#endif
+  }
+}
+
+TEST(LaneSumsTest, SixteenAtOnceSumAsOneAtATime) {
+  if (BestIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (uint32_t seed = 1; seed <= 200; ++seed) CheckLaneSums(seed);
+}
+#endif
 
 }  // namespace
 }  // namespace pdserve::engine::cpu

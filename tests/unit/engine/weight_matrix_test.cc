@@ -69,7 +69,7 @@ TEST(GemvTest, F32AndBf16MatchTheExactProductOnEveryIsa) {
 // (a sequence's numbers do not depend on what shares its step), on every ISA.
 TEST(GemvTest, ManyVectorsGiveEachVectorsGemvExactly) {
   uint32_t seed = 90;
-  for (int m : {2, 3, 4, 5, 8, 13}) {
+  for (int m : {2, 3, 4, 5, 6, 7, 8, 13, 16}) {
     for (int n : {1, 17}) {
       for (int k : {7, 32, 33, 100, 777}) {
         const std::vector<float> w = Normal(int64_t{n} * k, ++seed);

@@ -13,6 +13,10 @@
 //   step ms      the decode phase per decode step (the loop's period)
 //   runner ms    the runner's own time per decode step (enqueue to result;
 //                pdserve_colocated_decode_step_seconds)
+//   plan us      the scheduler's time per plan (Scheduler::Schedule;
+//                pdserve_scheduler_step_seconds): host work between two
+//                steps that overlap does not hide, as step n+1's tokens are
+//                step n's samples
 //   hand-out us  time per step in EngineStep::Deliver (stream pushes, step
 //                metrics) and in releasing the step: EngineCore::delivery_stats()
 //   beside       the share of that time that ran while the next step computed
@@ -77,16 +81,17 @@ void Consume(colocated::ColocatedStream& stream, Consumed& out) {
   while (absl::Now() < deadline) {
     batch.clear();
     if (!stream.Next(absl::Seconds(1), &batch)) continue;
+    const absl::Time now = absl::Now();
+    int n = 0;
     for (const colocated::ColocatedOutput& o : batch) {
       if (!o.error.ok()) {
         out.error = o.error;
         return;
       }
       out.tokens.insert(out.tokens.end(), o.tokens.begin(), o.tokens.end());
+      n += static_cast<int>(o.tokens.size());
     }
-    int n = 0;
-    for (const colocated::ColocatedOutput& o : batch) n += static_cast<int>(o.tokens.size());
-    out.arrivals.emplace_back(absl::Now(), n);
+    out.arrivals.emplace_back(now, n);
     if (batch.back().finished) return;
   }
   out.error = absl::DeadlineExceededError("the stream did not end within 10 minutes");
@@ -96,6 +101,7 @@ struct Figures {
   double tokens_per_second = 0;
   double step_ms = 0;
   double runner_ms = 0;
+  double plan_us = 0;
   double hand_out_us = 0;
   double beside = 0;  // share of the hand-out time beside the next step
   std::vector<std::vector<int32_t>> outputs;
@@ -167,6 +173,10 @@ absl::StatusOr<Figures> RunOnce(engine::ModelRunner& runner, int batch, int toke
   f.runner_ms = decode.sample_count > 0
                     ? 1e3 * decode.sample_sum / static_cast<double>(decode.sample_count)
                     : 0;
+  const prometheus::ClientMetric::Histogram plan =
+      metrics.scheduler_step_seconds.Collect().histogram;
+  f.plan_us =
+      plan.sample_count > 0 ? 1e6 * plan.sample_sum / static_cast<double>(plan.sample_count) : 0;
   f.hand_out_us = delivery.deliveries > 0
                       ? 1e6 * delivery.seconds / static_cast<double>(delivery.deliveries)
                       : 0;
@@ -204,8 +214,8 @@ int Main() {
       "alternated, medians)\n",
       tokens, prompt_len, rounds);
   std::printf("load average before: %s\n", LoadAverage().c_str());
-  std::printf("%5s %-7s %10s %9s %10s %12s %7s %7s %5s\n", "batch", "overlap", "tok/s", "step ms",
-              "runner ms", "hand-out us", "beside", "gain", "same");
+  std::printf("%5s %-7s %10s %9s %10s %8s %12s %7s %7s %5s\n", "batch", "overlap", "tok/s",
+              "step ms", "runner ms", "plan us", "hand-out us", "beside", "gain", "same");
   std::fflush(stdout);
   for (int batch : batches) {
     std::map<bool, std::vector<Figures>> runs;
@@ -224,17 +234,19 @@ int Main() {
     // Medians per mode: on first, then off.
     std::map<bool, Figures> median;
     for (const bool overlap : {true, false}) {
-      std::vector<double> tps, step, run, hand, beside;
+      std::vector<double> tps, step, run, plan, hand, beside;
       for (const Figures& f : runs[overlap]) {
         tps.push_back(f.tokens_per_second);
         step.push_back(f.step_ms);
         run.push_back(f.runner_ms);
+        plan.push_back(f.plan_us);
         hand.push_back(f.hand_out_us);
         beside.push_back(f.beside);
       }
       median[overlap] = {.tokens_per_second = Median(tps),
                          .step_ms = Median(step),
                          .runner_ms = Median(run),
+                         .plan_us = Median(plan),
                          .hand_out_us = Median(hand),
                          .beside = Median(beside)};
     }
@@ -246,8 +258,8 @@ int Main() {
                                 100 * (m.tokens_per_second / median[false].tokens_per_second - 1))
               : "";
       const bool same = runs[true].front().outputs == runs[overlap].front().outputs;
-      std::printf("%5d %-7s %10.1f %9.3f %10.3f %12.1f %6.0f%% %7s %5s\n", batch,
-                  overlap ? "on" : "off", m.tokens_per_second, m.step_ms, m.runner_ms,
+      std::printf("%5d %-7s %10.1f %9.3f %10.3f %8.1f %12.1f %6.0f%% %7s %5s\n", batch,
+                  overlap ? "on" : "off", m.tokens_per_second, m.step_ms, m.runner_ms, m.plan_us,
                   m.hand_out_us, 100 * m.beside, gain.c_str(), same ? "yes" : "NO");
     }
     std::fflush(stdout);

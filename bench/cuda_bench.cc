@@ -35,10 +35,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_common.h"
 #include "bench/model_shapes.h"
 #include "bench/random_weights.h"
 #include "common/base/cli.h"
@@ -66,20 +66,6 @@ namespace pdserve::bench {
 namespace {
 
 using engine::ModelConfig;
-
-std::vector<int> Ints(const std::string& list) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (absl::SimpleAtoi(part, &v) && v > 0) out.push_back(v);
-  }
-  return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 bool g_step_failed = false;  // the exit status says so
 

@@ -29,8 +29,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +37,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_common.h"
 #include "engine/runner_factory.h"
 #include "engine/scheduler/scheduler.h"
 #include "engine/spec/spec_factory.h"
@@ -59,6 +58,9 @@ ABSL_FLAG(bool, step_costs, false, "Print the runner's CPU time per decode step 
 namespace pdserve {
 namespace {
 
+using bench::CpuSeconds;
+using bench::LoadAverage;
+using bench::Median;
 using Clock = std::chrono::steady_clock;
 
 // Eight paragraphs of F. Max Mueller's 1881 translation of the Dhammapada.
@@ -107,19 +109,6 @@ struct Run {
   int64_t proposed = 0, accepted = 0, verifications = 0;
   std::map<engine::SeqId, std::vector<int32_t>> outputs;
 };
-
-double CpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
 
 // Runs `requests` to completion, `batch` at a time (ids from `first_id`).
 void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests, size_t first,
@@ -179,11 +168,6 @@ void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests,
       ++run.steps;
     }
   }
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 int Main() {

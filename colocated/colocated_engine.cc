@@ -25,7 +25,9 @@ ColocatedEngine::ColocatedEngine(ColocatedOptions options, engine::ModelRunner* 
     : options_(options),
       runner_(runner),
       metrics_(metrics),
-      core_({.scheduler = SchedulerOptionsFor(options)}, runner, this) {
+      core_(
+          {.scheduler = SchedulerOptionsFor(options), .overlap_delivery = options.overlap_delivery},
+          runner, this) {
   {
     auto access = core_.Read();
     UpdateGaugesLocked();

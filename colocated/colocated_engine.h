@@ -82,6 +82,9 @@ struct ColocatedOptions {
   // Tokens reserved beyond the prompt at admission; negative: whole
   // requests (prompt + max_tokens - 1) up front.
   int kv_headroom_tokens = 32;
+  // Hand a step's tokens out while the next step computes
+  // (EngineCoreOptions::overlap_delivery).
+  bool overlap_delivery = true;
 };
 
 struct ColocatedLoad {
@@ -105,6 +108,8 @@ class ColocatedEngine : private engine::EnginePolicy {
   void Cancel(const ColocatedStream& stream);
 
   ColocatedLoad load() const;
+  // How long the engine loop spent handing tokens out (bench/overlap_bench.cc).
+  engine::DeliveryStats delivery_stats() const { return core_.delivery_stats(); }
 
  private:
   // Per request: its stream and timing.

@@ -70,6 +70,11 @@ WakeStats EngineCore::wake_stats() const {
   return stats;
 }
 
+DeliveryStats EngineCore::delivery_stats() const {
+  absl::MutexLock lock(&mu_);
+  return delivery_stats_;
+}
+
 std::unique_ptr<EngineCore::Planned> EngineCore::PlanLocked() {
   wake_ = false;
   policy_->BeforePlan();
@@ -106,10 +111,20 @@ std::unique_ptr<EngineCore::Planned> EngineCore::PlanLocked() {
 void EngineCore::Loop() {
   // A step applied whose results are not handed out yet.
   std::unique_ptr<EngineStep> undelivered;
-  auto deliver = [&undelivered] {
+  // `overlapped`: the next step is enqueued and computes meanwhile.
+  auto deliver = [this, &undelivered](bool overlapped) {
     if (undelivered == nullptr) return;
+    const absl::Time start = absl::Now();
     undelivered->Deliver();
     undelivered.reset();
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    absl::MutexLock lock(&mu_);
+    ++delivery_stats_.deliveries;
+    delivery_stats_.seconds += seconds;
+    if (overlapped) {
+      ++delivery_stats_.overlapped;
+      delivery_stats_.overlapped_seconds += seconds;
+    }
   };
   while (true) {
     if (undelivered != nullptr) {
@@ -118,7 +133,7 @@ void EngineCore::Loop() {
         absl::MutexLock lock(&mu_);
         idle = !wake_ && !stop_;
       }
-      if (idle) deliver();  // before waiting for a change
+      if (idle) deliver(false);  // before waiting for a change
     }
     std::unique_ptr<Planned> planned;
     {
@@ -148,7 +163,7 @@ void EngineCore::Loop() {
     {
       planned->timing.enqueued = absl::Now();
       absl::StatusOr<std::unique_ptr<StepHandle>> handle = runner_->Enqueue(step.batch);
-      deliver();  // step n-1's results go out while step n computes
+      deliver(handle.ok());  // step n-1's results go out while step n computes
       output = handle.ok() ? planned->work->Run(step, **handle) : handle.status();
       planned->timing.completed = absl::Now();
     }  // the handle is dropped: the runner no longer reads the step's spans
@@ -174,9 +189,9 @@ void EngineCore::Loop() {
       policy_->UpdateGauges();
     }
     undelivered = std::move(planned->work);
-    if (!options_.overlap_delivery) deliver();
+    if (!options_.overlap_delivery) deliver(false);
   }
-  deliver();
+  deliver(false);
 }
 
 }  // namespace pdserve::engine

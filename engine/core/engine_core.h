@@ -27,7 +27,8 @@
 // then are step n's results handed out (streams, tickets, KV first tokens,
 // metrics) while step n+1 computes. Step n+1 cannot be planned before step n
 // completes: its decode tokens are step n's samples, and the runner takes
-// tokens from the host.
+// tokens from the host. delivery_stats() says how long the hand-outs took
+// and how much of that ran beside a step (bench/overlap_bench.cc).
 //
 // Threads and locks: the engine thread runs the loop and every EnginePolicy /
 // EngineStep method. Other threads (gRPC handlers, transport callbacks) read
@@ -89,6 +90,16 @@ struct WakeStats {
   // The loop waits for a change now and none is pending: what it planned
   // last reflects every change made so far.
   bool idle = false;
+};
+
+// Time the loop spent handing results out (EngineStep::Deliver and the
+// step's release): the host work overlap_delivery hides behind the next
+// step.
+struct DeliveryStats {
+  uint64_t deliveries = 0;        // steps handed out
+  uint64_t overlapped = 0;        // of these, while the next step computed
+  double seconds = 0;             // in all of them
+  double overlapped_seconds = 0;  // in the overlapped ones
 };
 
 // Times of one step, for the role's metrics.
@@ -182,6 +193,7 @@ class EngineCore {
   // progress() for a caller that holds the lock (an Access).
   EngineProgress ProgressLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WakeStats wake_stats() const;
+  DeliveryStats delivery_stats() const;
   ModelRunner& runner() const { return *runner_; }
 
  private:
@@ -205,6 +217,7 @@ class EngineCore {
   int failed_steps_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_step_error_ ABSL_GUARDED_BY(mu_);
   WakeStats wake_stats_ ABSL_GUARDED_BY(mu_);
+  DeliveryStats delivery_stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // last: runs Loop() over everything above
 };
 

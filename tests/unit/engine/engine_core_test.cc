@@ -174,9 +174,10 @@ class RecordingPolicy final : public EnginePolicy {
 
 struct Harness {
   Harness(const SchedulerOptions& scheduler, int num_blocks, int block_size,
-          absl::Duration step_target = absl::ZeroDuration())
+          absl::Duration step_target = absl::ZeroDuration(), bool overlap_delivery = true)
       : runner(num_blocks, block_size),
         core(EngineCoreOptions{.scheduler = scheduler,
+                               .overlap_delivery = overlap_delivery,
                                .idle_poll = absl::Hours(1),
                                .step_target = step_target},
              &runner, &policy) {}
@@ -434,8 +435,8 @@ TEST_P(EngineCoreTest, EventsInOrderAndOnlyEventsWakeTheLoop) {
 // above max_batch_tokens. Two 8-token prompts with chunks of 4 wait while a
 // first prompt measures the rate; a target far below one chunk's time
 // caps every later step at one chunk's tokens (4, shared by the prompts),
-// a target far above it lets both prompts' chunks run in one step. Both figures are extremes, so the
-// assertion does not depend on how fast this machine is.
+// a target far above it lets both prompts' chunks run in one step. Both figures are extremes, so
+// the assertion does not depend on how fast this machine is.
 TEST(EngineCoreStepTarget, StepsAreCappedAtTheMeasuredRateTimesTheTarget) {
   for (const bool tiny : {true, false}) {
     SCOPED_TRACE(tiny ? "target 1 ns" : "target 1 h");
@@ -448,8 +449,10 @@ TEST(EngineCoreStepTarget, StepsAreCappedAtTheMeasuredRateTimesTheTarget) {
     ASSERT_GT(h.core.progress().tokens_per_second, 0);
     {
       auto access = h.core.Change();
-      ASSERT_TRUE(access.scheduler().AddPrompt(2, std::vector<int32_t>(8, 3), {.max_tokens = 1}).ok());
-      ASSERT_TRUE(access.scheduler().AddPrompt(3, std::vector<int32_t>(8, 3), {.max_tokens = 1}).ok());
+      ASSERT_TRUE(
+          access.scheduler().AddPrompt(2, std::vector<int32_t>(8, 3), {.max_tokens = 1}).ok());
+      ASSERT_TRUE(
+          access.scheduler().AddPrompt(3, std::vector<int32_t>(8, 3), {.max_tokens = 1}).ok());
     }
     h.runner.Allow(100);
     ASSERT_TRUE(h.policy.WaitFor("token 2"));
@@ -459,13 +462,38 @@ TEST(EngineCoreStepTarget, StepsAreCappedAtTheMeasuredRateTimesTheTarget) {
     // Steps that ran prompts 2 and 3 (16 tokens): at most 4 tokens each
     // under the tiny target, chunks of 4 for both prompts under the long one.
     int steps = 0;
-    for (const std::string& e : log) steps += (e == "plan 2,3" || e == "plan 3,2" ||
-                                               e == "plan 2" || e == "plan 3");
+    for (const std::string& e : log) {
+      steps += (e == "plan 2,3" || e == "plan 3,2" || e == "plan 2" || e == "plan 3");
+    }
     if (tiny) {
       EXPECT_GE(steps, 4) << absl::StrJoin(log, " | ");
     } else {
       EXPECT_EQ(steps, 2) << absl::StrJoin(log, " | ");
     }
+  }
+}
+
+// delivery_stats(): a prompt step and two decode steps are handed out three
+// times. With overlap, the first two while the next step computes and the
+// last before the loop waits; without it, none beside a step.
+TEST(EngineCoreDelivery, StatsCountTheHandOutsThatRanBesideTheNextStep) {
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    Harness h(Colocated(0), 16, 4, absl::ZeroDuration(), overlap);
+    h.core.Start();
+    h.runner.Allow(100);
+    h.AddPrompt(1, 8, 3);
+    ASSERT_TRUE(h.policy.WaitFor("finish 1"));
+    ASSERT_TRUE(h.WaitIdle());
+    const DeliveryStats stats = h.core.delivery_stats();
+    EXPECT_EQ(stats.deliveries, 3u);
+    EXPECT_EQ(h.policy.Count("deliver"), 3);
+    EXPECT_EQ(stats.overlapped, overlap ? 2u : 0u);
+    EXPECT_GE(stats.seconds, stats.overlapped_seconds);
+    if (!overlap) {
+      EXPECT_EQ(stats.overlapped_seconds, 0);
+    }
+    h.core.Stop();
   }
 }
 

@@ -502,15 +502,64 @@ TEST_F(DisaggregatedEnginesTest, ChunkedPrefillGeneratesTheSameTokens) {
   EXPECT_TRUE(PrefillEmpty());
 }
 
+// A runner that lets steps start only as the test allows.
+class GatedRunner final : public engine::ModelRunner {
+ public:
+  explicit GatedRunner(engine::ModelRunner* inner) : inner_(inner) {}
+  void Allow(int steps) {
+    absl::MutexLock lock(&mu_);
+    permits_ += steps;
+  }
+  int started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+  absl::StatusOr<std::unique_ptr<engine::StepHandle>> Enqueue(engine::StepBatch batch) override {
+    {
+      absl::MutexLock lock(&mu_);
+      auto allowed = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return permits_ > 0; };
+      mu_.Await(absl::Condition(&allowed));
+      --permits_;
+      ++started_;
+    }
+    return inner_->Enqueue(std::move(batch));
+  }
+  const engine::ModelConfig& config() const override { return inner_->config(); }
+  std::string_view backend() const override { return inner_->backend(); }
+  uint64_t fingerprint() const override { return inner_->fingerprint(); }
+  engine::KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int kv_block_size() const override { return inner_->kv_block_size(); }
+  int64_t DecodeWeightBytes() const override { return inner_->DecodeWeightBytes(); }
+  std::span<const engine::KvRegion> kv_regions() const override { return inner_->kv_regions(); }
+  size_t LayerKvBytes(int n) const override { return inner_->LayerKvBytes(n); }
+  absl::Status ReadLayerKv(int layer, std::span<const int32_t> table, int n,
+                           std::span<std::byte> out) const override {
+    return inner_->ReadLayerKv(layer, table, n, out);
+  }
+  absl::Status WriteLayerKv(int layer, std::span<const int32_t> table, int n,
+                            std::span<const std::byte> in) override {
+    return inner_->WriteLayerKv(layer, table, n, in);
+  }
+
+ private:
+  engine::ModelRunner* const inner_;
+  absl::Mutex mu_;
+  int permits_ ABSL_GUARDED_BY(mu_) = 0;
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // Starts `prompts` through `prefill` into `decode`, all at once, and
 // returns each request's tokens (first token included) once every stream
 // has ended; an empty vector for a request that failed (with ADD_FAILURE).
 // `params_of(i, /*decode=*/b)` gives request i's sampling on each side (as
-// each worker compiles its own constraint).
+// each worker compiles its own constraint). `submitted`, when given, runs
+// once every prompt is submitted, before any stream is read.
 std::vector<std::vector<int32_t>> RunAll(
     prefill::PrefillEngine& prefill, decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
     const std::vector<std::vector<int32_t>>& prompts,
-    const std::function<engine::SamplingParams(size_t, bool)>& params_of) {
+    const std::function<engine::SamplingParams(size_t, bool)>& params_of,
+    const std::function<void()>& submitted = {}) {
   std::vector<std::shared_ptr<decode::DecodeStream>> streams;
   std::vector<std::shared_ptr<prefill::PrefillTicket>> tickets;
   // Every reservation first: a request admitted after others started
@@ -534,6 +583,7 @@ std::vector<std::vector<int32_t>> RunAll(
     if (!t.ok()) return {};
     tickets.push_back(*t);
   }
+  if (submitted) submitted();
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     absl::StatusOr<prefill::PrefillOutcome> first = absl::DeadlineExceededError("no outcome");
@@ -552,8 +602,21 @@ std::vector<std::vector<int32_t>> RunAll(
 std::vector<std::vector<int32_t>> RunAll(prefill::PrefillEngine& prefill,
                                          decode::DecodeEngine& decode, kvtransfer::KvSender& sender,
                                          const std::vector<std::vector<int32_t>>& prompts,
-                                         const engine::SamplingParams& params) {
-  return RunAll(prefill, decode, sender, prompts, [&](size_t, bool) { return params; });
+                                         const engine::SamplingParams& params,
+                                         const std::function<void()>& submitted = {}) {
+  return RunAll(
+      prefill, decode, sender, prompts, [&](size_t, bool) { return params; }, submitted);
+}
+
+// For workloads that must preempt: holds the decode engine's steps at
+// `gate` until every stream's KV has arrived, so that all of them decode
+// (and grow) together however the prompts' prefills were spread in time.
+std::function<void()> OpenWhenAllKvArrived(decode::DecodeEngine& decode, GatedRunner& gate) {
+  return [&decode, &gate] {
+    EXPECT_TRUE(pdserve::testing::PollUntil([&] { return decode.load().waiting_kv == 0; }))
+        << "KV still missing for " << decode.load().waiting_kv << " streams";
+    gate.Allow(1 << 30);
+  };
 }
 
 TEST_F(DisaggregatedEnginesTest, APrefixCacheHitGeneratesWhatAMissGenerates) {
@@ -618,12 +681,13 @@ class PreemptionTest : public DisaggregatedEnginesTest, public ::testing::WithPa
     EXPECT_TRUE(receiver.ok()) << receiver.status();
     if (!receiver.ok()) return nullptr;
     small_receiver_ = std::move(*receiver);
+    gate_ = std::make_unique<GatedRunner>(small_runner_.get());
     return std::make_unique<decode::DecodeEngine>(
         decode::DecodeEngineOptions{.max_running = 8,
                                     .kv_headroom_tokens = 8,
                                     .enable_prefix_caching = GetParam(),
                                     .recompute_chunk_tokens = 24},
-        small_runner_.get(), small_receiver_.get(), &decode_metrics_);
+        gate_.get(), small_receiver_.get(), &decode_metrics_);
   }
   // Six prompts of 20 tokens.
   static std::vector<std::vector<int32_t>> Prompts() {
@@ -637,6 +701,7 @@ class PreemptionTest : public DisaggregatedEnginesTest, public ::testing::WithPa
   }
 
   std::unique_ptr<engine::ModelRunner> small_runner_;
+  std::unique_ptr<GatedRunner> gate_;  // the decode engine's steps
   std::unique_ptr<kvtransfer::KvReceiver> small_receiver_;
 };
 
@@ -647,8 +712,8 @@ TEST_P(PreemptionTest, PreemptedStreamsResumeExactly) {
   engine::SamplingParams params{
       .temperature = 0.8f, .seed = 3, .max_tokens = 60, .ignore_eos = true};
   const std::vector<std::vector<int32_t>> prompts = Prompts();
-  std::vector<std::vector<int32_t>> got =
-      RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
+  std::vector<std::vector<int32_t>> got = RunAll(*prefill, *decode, SenderOf(*prefill), prompts,
+                                                 params, OpenWhenAllKvArrived(*decode, *gate_));
   ASSERT_EQ(got.size(), prompts.size());
   auto reference = Runner(model_, 16);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -679,9 +744,10 @@ TEST_P(PreemptionTest, PreemptedConstrainedStreamsResumeUnderTheSameMask) {
   for (int r = 0; r < 6; ++r) {
     params.push_back({.temperature = 0.8f, .seed = 3u + r, .max_tokens = 90});
   }
-  std::vector<std::vector<int32_t>> got =
-      RunAll(*prefill, *decode, SenderOf(*prefill), prompts,
-             [&](size_t i, bool) { return testing::Constrained(params[i], **grammars, spec); });
+  std::vector<std::vector<int32_t>> got = RunAll(
+      *prefill, *decode, SenderOf(*prefill), prompts,
+      [&](size_t i, bool) { return testing::Constrained(params[i], **grammars, spec); },
+      OpenWhenAllKvArrived(*decode, *gate_));
   ASSERT_EQ(got.size(), prompts.size());
   auto reference = Runner(model_, 16);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -714,10 +780,11 @@ TEST_P(SpeculativeDecodeTest, StreamsAreTheTokensOfPlainDecoding) {
   auto spec = engine::spec::CreateSpecDecoder(
       {.method = engine::spec::SpecMethod::kNgram, .num_speculative_tokens = 4}, *small_runner);
   ASSERT_TRUE(spec.ok()) << spec.status();
+  GatedRunner gate(small_runner.get());
   auto decode = std::make_unique<decode::DecodeEngine>(
       decode::DecodeEngineOptions{
           .max_running = 8, .kv_headroom_tokens = 8, .recompute_chunk_tokens = 24},
-      small_runner.get(), small_receiver->get(), &decode_metrics_, *std::move(spec));
+      &gate, small_receiver->get(), &decode_metrics_, *std::move(spec));
   auto prefill = MakePrefill(prefill_runner_.get());
   engine::SamplingParams params{
       .temperature = GetParam(), .seed = 5, .max_tokens = 60, .ignore_eos = true};
@@ -727,8 +794,8 @@ TEST_P(SpeculativeDecodeTest, StreamsAreTheTokensOfPlainDecoding) {
     for (int t = 0; t < 24; ++t) p.push_back((t % 6 * 17 + r * 29 + 3) % 250);  // repeats
     prompts.push_back(p);
   }
-  std::vector<std::vector<int32_t>> got =
-      RunAll(*prefill, *decode, SenderOf(*prefill), prompts, params);
+  std::vector<std::vector<int32_t>> got = RunAll(*prefill, *decode, SenderOf(*prefill), prompts,
+                                                 params, OpenWhenAllKvArrived(*decode, gate));
   ASSERT_EQ(got.size(), prompts.size());
   auto reference = Runner(model_, 16);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -774,53 +841,6 @@ TEST_F(DisaggregatedEnginesTest, APromptWaitingForBlocksStartsWhenASendFreesThem
   EXPECT_EQ(prefill->wake_stats().poll_found_work, 0u);
   EXPECT_GE(prefill->wake_stats().event_wakeups, 1u);
 }
-
-// A runner that lets steps start only as the test allows.
-class GatedRunner final : public engine::ModelRunner {
- public:
-  explicit GatedRunner(engine::ModelRunner* inner) : inner_(inner) {}
-  void Allow(int steps) {
-    absl::MutexLock lock(&mu_);
-    permits_ += steps;
-  }
-  int started() {
-    absl::MutexLock lock(&mu_);
-    return started_;
-  }
-  absl::StatusOr<std::unique_ptr<engine::StepHandle>> Enqueue(engine::StepBatch batch) override {
-    {
-      absl::MutexLock lock(&mu_);
-      auto allowed = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return permits_ > 0; };
-      mu_.Await(absl::Condition(&allowed));
-      --permits_;
-      ++started_;
-    }
-    return inner_->Enqueue(std::move(batch));
-  }
-  const engine::ModelConfig& config() const override { return inner_->config(); }
-  std::string_view backend() const override { return inner_->backend(); }
-  uint64_t fingerprint() const override { return inner_->fingerprint(); }
-  engine::KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
-  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  int kv_block_size() const override { return inner_->kv_block_size(); }
-  int64_t DecodeWeightBytes() const override { return inner_->DecodeWeightBytes(); }
-  std::span<const engine::KvRegion> kv_regions() const override { return inner_->kv_regions(); }
-  size_t LayerKvBytes(int n) const override { return inner_->LayerKvBytes(n); }
-  absl::Status ReadLayerKv(int layer, std::span<const int32_t> table, int n,
-                           std::span<std::byte> out) const override {
-    return inner_->ReadLayerKv(layer, table, n, out);
-  }
-  absl::Status WriteLayerKv(int layer, std::span<const int32_t> table, int n,
-                            std::span<const std::byte> in) override {
-    return inner_->WriteLayerKv(layer, table, n, in);
-  }
-
- private:
-  engine::ModelRunner* const inner_;
-  absl::Mutex mu_;
-  int permits_ ABSL_GUARDED_BY(mu_) = 0;
-  int started_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 TEST_F(DisaggregatedEnginesTest, CancelStopsAChunkedPromptAtTheNextChunk) {
   auto decode = MakeDecode();

@@ -8,7 +8,8 @@
 #      beside them, then in the CUDA toolkit (DT_RPATH);
 #   2. builds pdserve_cuda_all (kernels, gpu tests, pdserve_cuda_bench,
 #      pdserve_cuda_check) and the service binaries with the CUDA backend,
-#      pdserve_client, pdserve_make_model and pdserve_kv_transfer_bench;
+#      pdserve_client, pdserve_make_model, pdserve_kv_transfer_bench and
+#      pdserve_overlap_bench;
 #   3. lays out pdserve-gpu-kit/: bin/ (tools and services), tests/ (every
 #      ctest of label gpu, with its timeout in tests.tsv, and kv_peer),
 #      lib/ (what `ldd` lists, less glibc, the CUDA toolkit's and the
@@ -43,7 +44,7 @@ start=$(date +%s)
 cmake --preset cuda -DPDSERVE_KIT=ON >/dev/null
 cmake --build "$build" -j "$jobs" --target pdserve_cuda_all pdserve_router_main \
   pdserve_prefill_worker pdserve_decode_worker pdserve_client pdserve_make_model \
-  pdserve_kv_transfer_bench kv_peer
+  pdserve_kv_transfer_bench pdserve_overlap_bench kv_peer
 built=$(date +%s)
 
 stage=$build/kit-stage
@@ -69,7 +70,8 @@ done < "$stage/tests.tsv"
 cp "$build/tests/unit/kvtransfer/kv_peer" "$kit/tests/"  # spawned by kv_peer_kill_test
 for b in router/pdserve_router prefill_worker/pdserve_prefill_worker \
     decode_worker/pdserve_decode_worker router/pdserve_client tools/pdserve_make_model \
-    bench/pdserve_cuda_bench bench/pdserve_kv_transfer_bench tests/gpu/pdserve_cuda_check; do
+    bench/pdserve_cuda_bench bench/pdserve_kv_transfer_bench bench/pdserve_overlap_bench \
+    tests/gpu/pdserve_cuda_check; do
   cp "$build/$b" "$kit/bin/"
 done
 for b in router/pdserve_router prefill_worker/pdserve_prefill_worker \

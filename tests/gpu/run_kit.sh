@@ -5,7 +5,7 @@
 # bash, coreutils, tar with xz (or python3), an NVIDIA driver and the CUDA
 # toolkit's libraries: no package manager, network or build. Each step has a
 # time budget and is stopped, and reported so, when it runs over (seconds:
-# 30 + 20 + 100 + 45 + 45 + 100 = 340, each with 3 s to stop):
+# 30 + 20 + 100 + 45 + 45 + 100 + 20 = 360, each with 3 s to stop):
 #   unpack    the kit into $PDSERVE_KIT_WORK (default /tmp/pdserve-gpu-kit-run);
 #             the host's libstdc++ where it is new enough, else the kit's;
 #   facts     nvidia-smi, the OS, glibc, and where each binary finds its
@@ -22,12 +22,16 @@
 #   bench     pdserve_cuda_bench (1B and 8B shapes: decode batch 1 and 32,
 #             CUDA graphs on and off, prefill 2048 and 8192 tokens) and
 #             pdserve_kv_transfer_bench --transport=ipc;
+#   overlap   pdserve_overlap_bench --backend=cuda on the demo model: B
+#             streams of 128 tokens on the colocated engine core, the next
+#             step's launch overlapped with the last step's hand-out and
+#             not, alternated (docs/decisions/runtime-core.md);
 #   summary   the performance table and the targets (batch-1 decode >= 70%
 #             of copy bandwidth on 1B; prefill MFU >= 55% at 2048 tokens on
 #             8B), a miss reported as MISSED.
-# Writes 7 small files into $OUT when it is set (else $PDSERVE_KIT_WORK/out):
+# Writes 8 small files into $OUT when it is set (else $PDSERVE_KIT_WORK/out):
 # summary.md, nvidia-smi.txt, gpu_tests.log, cuda_check.log, cluster.log,
-# bench.md, bench.tsv. Exit 0 when every step passed.
+# bench.md, bench.tsv, overlap.md. Exit 0 when every step passed.
 #
 # --dry (for machines without a GPU; the gpu_kit ctest runs it): every step
 # that needs no device runs as on a GPU (unpacking, library resolution, the
@@ -275,6 +279,20 @@ bench() {
   [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
 }
 
+overlap() {
+  local args=(--backend=cuda --model_dir="$root/tools/demo_model" --batches=1,8,32 --tokens=128)
+  if [ "$dry" = 1 ]; then
+    must_fail_without_device "pdserve_overlap_bench --backend=cuda" \
+      "$kit/bin/pdserve_overlap_bench" "${args[@]}" --rounds=1
+    return
+  fi
+  echo '```'
+  "$kit/bin/pdserve_overlap_bench" "${args[@]}" --rounds=3
+  local rc=$?
+  echo '```'
+  return $rc
+}
+
 # The performance table and the targets' verdicts, in markdown, from the
 # benchmarks' --results_tsv lines and their tables (the gpu_kit check runs
 # this on made-up figures).
@@ -411,6 +429,8 @@ step "cluster cpu vs cuda" 45 "$out/cluster.log" cluster
 : > "$out/bench.md"
 : > "$out/bench.tsv"
 step bench 100 "$out/bench.md" bench
+: > "$out/overlap.md"
+step "overlap on and off" 20 "$out/overlap.md" overlap
 
 # ---- summary ----
 {
@@ -452,6 +472,14 @@ step bench 100 "$out/bench.md" bench
     echo "not measured: dry run, no GPU"
   else
     perf_table "$out/bench.tsv" "$out/bench.md"
+  fi
+  echo
+  echo "## overlap of the next step with the last one's hand-out (pdserve_overlap_bench --backend=cuda)"
+  echo
+  if [ $dry -eq 1 ]; then
+    echo "not measured: dry run, no GPU"
+  else
+    grep -v '^==' "$out/overlap.md" | tail -20
   fi
   echo
   echo "total: $(( $(date +%s) - start )) s; $([ $failed -eq 0 ] && echo "every step passed" || echo "SOME STEPS FAILED")"

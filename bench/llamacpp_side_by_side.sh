@@ -30,6 +30,14 @@
 #     prefill: tokens/s of one 512-token prompt (median of --runs after 1
 #     warm-up); decode: batch-1 tokens/s over 64 steps from a context of 1
 #     (total steps / total time, as llama-bench's tg).
+# With --batches (e.g. "8 16"), each pair and thread count also runs batched
+# decode, llama.cpp's llama-batched-bench against pdserve_engine_bench:
+#   llama-batched-bench -m MODEL -npp 128 -ntg 64 -npl B1,B2 -c C -t T
+#     decode batch B (tgB): S_TG, the tokens/s of 64 steps of B sequences
+#     that each start from its own 128-token prompt (KV 128 -> 192);
+#   pdserve_engine_bench --batch=B --context=128 --decode_steps=64 ...
+#     decode batch B: B sequences with 128 tokens of KV each, tokens/s of the
+#     median step over 64 steps.
 # The table holds the median over rounds of each figure and the ratio
 # pdserve / llama.cpp of those medians; results.json also has every round.
 # OpenMP's wait policy is the environment's (OMP_WAIT_POLICY) for both.
@@ -37,11 +45,11 @@
 # Writes $OUT/results.json, $OUT/table.md, $OUT/runs.txt, $OUT/machine.txt.
 #   bench/llamacpp_side_by_side.sh --llamacpp DIR [--llamacpp_build DIR]
 #       [--bin BUILD_DIR] [--out DIR] [--threads "1 2"] [--rounds 3]
-#       [--reps 3] [--jobs 2] [--pairs "f32 bf16 int8 int4"]
+#       [--reps 3] [--jobs 2] [--pairs "f32 bf16 int8 int4"] [--batches "8 16"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build" out="" llamacpp="" lcpp_build="" threads="1 2" rounds=3 reps=3 jobs=2
-pairs="f32 bf16 int8 int4"
+pairs="f32 bf16 int8 int4" batches=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --llamacpp) llamacpp=$2; shift 2 ;;
@@ -53,6 +61,7 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
+    --batches) batches=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -90,7 +99,10 @@ cmake -S "$llamacpp" -B "$lcpp_build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=O
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
   > "$out/llamacpp-configure.log" 2>&1 ||
   { echo "llama.cpp configure failed: $out/llamacpp-configure.log" >&2; exit 1; }
-cmake --build "$lcpp_build" -j "$jobs" --target llama-bench llama-quantize llama-simple \
+targets="llama-bench llama-quantize llama-simple"
+[ -z "$batches" ] || targets="$targets llama-batched-bench"
+# shellcheck disable=SC2086
+cmake --build "$lcpp_build" -j "$jobs" --target $targets \
   > "$out/llamacpp-build.log" 2>&1 ||
   { echo "llama.cpp build failed: $out/llamacpp-build.log" >&2; exit 1; }
 lbin="$lcpp_build/bin"
@@ -175,20 +187,51 @@ run_pdserve() {  # round threads weight_dtype
   record "$1" "$2" "pdserve_$3" pp512 "$(field prefill_tokens_per_s)" "$load"
   record "$1" "$2" "pdserve_$3" tg64 "$(field decode_b1_mean_tokens_per_s)" "$load"
 }
+run_llamacpp_batched() {  # round threads weight_dtype
+  local t load npl ctx=0 b
+  t=$(gguf_type "$3")
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  npl=$(echo "$batches" | tr ' ' ',')
+  for b in $batches; do ctx=$((ctx > b * 192 ? ctx : b * 192)); done
+  "$lbin/llama-batched-bench" -m "$out/model-$t.gguf" -npp 128 -ntg 64 -npl "$npl" \
+    -c "$ctx" -t "$2" --output-format jsonl 2> /dev/null | grep '^{' |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(r["pl"], r["speed_tg"])' |
+    while read -r b tps; do record "$1" "$2" "llamacpp_$3" "batch$b" "$tps" "$load"; done
+}
+run_pdserve_batched() {  # round threads weight_dtype
+  local json load b
+  for b in $batches; do
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    json=$("$bin/bench/pdserve_engine_bench" --model_dir="$model" --threads="$2" \
+      --weight_dtype="$3" --prompt_len=16 --context=128 --decode_steps=64 --batch="$b" \
+      --runs=1 --warmup=0 --stream_mib=64 2> /dev/null | tail -1)
+    record "$1" "$2" "pdserve_$3" "batch$b" \
+      "$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["decode_batch_tokens_per_s"])' "$json")" \
+      "$load"
+  done
+}
 for round in $(seq 1 "$rounds"); do
   for t in $threads; do
     echo "load average before round $round, $t thread(s): $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
     for d in $pairs; do
       run_llamacpp "$round" "$t" "$d"
       run_pdserve "$round" "$t" "$d"
+      if [ -n "$batches" ]; then
+        run_llamacpp_batched "$round" "$t" "$d"
+        run_pdserve_batched "$round" "$t" "$d"
+      fi
     done
   done
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 
-python3 - "$out" "$pairs" <<'EOF'
+python3 - "$out" "$pairs" "$batches" <<'EOF'
 import json, statistics, sys
-out, pairs = sys.argv[1], sys.argv[2].split()
+out, pairs, batches = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 gguf = {"f32": "F32", "bf16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 runs, loads = {}, {}
 for line in open(f"{out}/runs.txt"):
@@ -197,7 +240,9 @@ for line in open(f"{out}/runs.txt"):
     loads.setdefault(int(t), []).append(float(load))
 result, rows = {}, []
 for t in sorted({k[0] for k in runs}):
-    for test, label in (("tg64", "decode batch 1 (tg64)"), ("pp512", "prefill 512 (pp512)")):
+    tests = [("tg64", "decode batch 1 (tg64)"), ("pp512", "prefill 512 (pp512)")]
+    tests += [(f"batch{b}", f"decode batch {b}, KV 128+ (llama-batched-bench)") for b in batches]
+    for test, label in tests:
         cells = []
         for d in pairs:
             p, l = runs.get((t, f"pdserve_{d}", test)), runs.get((t, f"llamacpp_{d}", test))

@@ -4,8 +4,10 @@
 //
 //   pdserve_spec_bench [--model_dir=tools/demo_model]
 //       [--draft_model_dir=tools/demo_model/draft] [--methods=off,ngram,draft]
-//       [--workloads=copy,verse,sampled] [--batches=1,8] [--k=4] [--rounds=3]
+//       (a method may carry its own k: ngram:7)
+//       [--workloads=copy,verse,sampled] [--batches=1,8] [--k=0] [--rounds=3]
 //       [--max_tokens=64] [--threads=0] [--step_costs] [--trace]
+//       [--ngram_min_n=N] [--ngram_max_n=N]
 //
 // Workloads over eight paragraphs of the demo model's training text (public
 // domain, tools/demo_model/README.md):
@@ -48,6 +50,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_common.h"
@@ -62,12 +65,19 @@ ABSL_FLAG(std::string, draft_model_dir, "tools/demo_model/draft", "Draft model (
 ABSL_FLAG(std::string, methods, "off,ngram,draft", "Methods to compare: off, ngram, draft");
 ABSL_FLAG(std::string, workloads, "copy,verse,sampled", "copy, verse, sampled");
 ABSL_FLAG(std::string, batches, "1,8", "Batch sizes");
-ABSL_FLAG(int, k, 4, "--num_speculative_tokens");
+ABSL_FLAG(int, k, 0,
+          "--num_speculative_tokens, 0: the method's default as the worker's (a method written "
+          "name:k has its own)");
+ABSL_FLAG(int, ngram_min_n, pdserve::engine::spec::NgramOptions{}.min_n,
+          "Shortest n-gram the n-gram proposer matches");
+ABSL_FLAG(int, ngram_max_n, pdserve::engine::spec::NgramOptions{}.max_n,
+          "Longest n-gram the n-gram proposer matches");
 ABSL_FLAG(int, max_batch, 4, "--speculative_max_batch (0: no limit)");
 ABSL_FLAG(int, rounds, 3, "Rounds; each runs every method once");
 ABSL_FLAG(int, max_tokens, 64, "Tokens per request at most");
 ABSL_FLAG(int, threads, 0, "Runner threads (0: all cores)");
-ABSL_FLAG(bool, step_costs, false, "Print the runner's CPU time per decode step by its rows");
+ABSL_FLAG(bool, step_costs, false,
+          "Print the runner's CPU time per decode step by its rows, and the proposer's");
 ABSL_FLAG(bool, trace, false,
           "Batch 1: per request and method, where its decode steps verified proposals, inside "
           "the copy of the paragraph's remainder and after it");
@@ -156,6 +166,7 @@ struct Run {
   int64_t steps = 0;       // decode steps
   // Rows of a decode step -> (steps, the runner's CPU seconds in them).
   std::map<int, std::pair<int64_t, double>> step_cpu;
+  double propose_cpu = 0;  // CPU seconds in SpecDecoder::ProposeFor (with --step_costs)
   int64_t proposed = 0, accepted = 0, verifications = 0;
   std::map<engine::SeqId, std::vector<int32_t>> outputs;
   // Per sequence, its decode steps (with --trace).
@@ -177,7 +188,11 @@ void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests,
   while (done < count) {
     const auto start = Clock::now();
     const double cpu_start = CpuSeconds();
-    if (spec != nullptr) (void)spec->ProposeFor(scheduler);
+    if (spec != nullptr) {
+      const double propose_start = absl::GetFlag(FLAGS_step_costs) ? CpuSeconds() : 0;
+      (void)spec->ProposeFor(scheduler);
+      if (absl::GetFlag(FLAGS_step_costs)) run.propose_cpu += CpuSeconds() - propose_start;
+    }
     engine::ScheduledStep step = scheduler.Schedule();
     if (step.empty()) {
       std::fprintf(stderr, "nothing to run\n");
@@ -370,12 +385,17 @@ int Main() {
     batches.push_back(std::stoi(std::string(b)));
   }
   const std::string load_before = LoadAverage();
-  std::printf("model %s, draft %s, k %d, max_batch %d, %d rounds, max_tokens %d, threads %d\n",
-              options.model_dir.c_str(), absl::GetFlag(FLAGS_draft_model_dir).c_str(),
-              absl::GetFlag(FLAGS_k), absl::GetFlag(FLAGS_max_batch), absl::GetFlag(FLAGS_rounds),
-              absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_threads));
+  const int k = absl::GetFlag(FLAGS_k);
+  std::printf(
+      "model %s, draft %s, k %d for ngram and %d for draft, n-grams %d..%d, max_batch %d, %d "
+      "rounds, max_tokens %d, threads %d\n",
+      options.model_dir.c_str(), absl::GetFlag(FLAGS_draft_model_dir).c_str(),
+      k > 0 ? k : engine::spec::kDefaultNgramTokens, k > 0 ? k : engine::spec::kDefaultDraftTokens,
+      absl::GetFlag(FLAGS_ngram_min_n), absl::GetFlag(FLAGS_ngram_max_n),
+      absl::GetFlag(FLAGS_max_batch), absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_max_tokens),
+      absl::GetFlag(FLAGS_threads));
   std::printf("load average before: %s\n", load_before.c_str());
-  std::printf("%-8s %5s %-6s %10s %10s %8s %8s %10s %10s %9s %9s\n", "workload", "batch", "method",
+  std::printf("%-12s %5s %-8s %10s %10s %8s %8s %10s %10s %9s %9s\n", "workload", "batch", "method",
               "tok/s", "cpu tok/s", "x wall", "x cpu", "accepted", "tok/verif", "tok/step",
               "identical");
 
@@ -390,18 +410,25 @@ int Main() {
       std::map<std::string, Run> last;
       // Per method, over all rounds: rows -> (steps, CPU seconds).
       std::map<std::string, std::map<int, std::pair<int64_t, double>>> step_cpu;
+      std::map<std::string, double> propose_cpu;  // per method, over all rounds
       for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
         for (size_t m = 0; m < methods.size(); ++m) {
           const std::string& method = methods[(m + round) % methods.size()];
-          absl::StatusOr<engine::spec::SpecMethod> parsed = engine::spec::ParseSpecMethod(method);
-          if (!parsed.ok()) {
-            std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+          // "name" or "name:k".
+          const std::vector<std::string> parts = absl::StrSplit(method, ':');
+          absl::StatusOr<engine::spec::SpecMethod> parsed = engine::spec::ParseSpecMethod(parts[0]);
+          int method_k = k;
+          if (!parsed.ok() || (parts.size() > 1 && !absl::SimpleAtoi(parts[1], &method_k))) {
+            std::fprintf(stderr, "method \"%s\": expected off, ngram or draft, then :k or not\n",
+                         method.c_str());
             return 2;
           }
           auto spec = engine::spec::CreateSpecDecoder(
               {.method = *parsed,
-               .num_speculative_tokens = absl::GetFlag(FLAGS_k),
+               .num_speculative_tokens = method_k,
                .max_batch = absl::GetFlag(FLAGS_max_batch),
+               .ngram = {.min_n = absl::GetFlag(FLAGS_ngram_min_n),
+                         .max_n = absl::GetFlag(FLAGS_ngram_max_n)},
                .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),
                .num_threads = absl::GetFlag(FLAGS_threads)},
               **runner);
@@ -414,6 +441,7 @@ int Main() {
             RunBatch(**runner, *requests, first, std::min<size_t>(batch, requests->size() - first),
                      spec->get(), run);
           }
+          propose_cpu[method] += run.propose_cpu;
           for (const auto& [rows, cost] : run.step_cpu) {
             step_cpu[method][rows].first += cost.first;
             step_cpu[method][rows].second += cost.second;
@@ -428,7 +456,7 @@ int Main() {
         const Run& r = last[method];
         const bool identical = workload == "sampled" || r.outputs == last[methods[0]].outputs;
         std::printf(
-            "%-8s %5d %-6s %10.1f %10.1f %8.2f %8.2f %9.1f%% %10.2f %9.2f %9s\n", workload.c_str(),
+            "%-12s %5d %-8s %10.1f %10.1f %8.2f %8.2f %9.1f%% %10.2f %9.2f %9s\n", workload.c_str(),
             batch, method.c_str(), Median(wall[method]), Median(cpu[method]),
             Median(wall[method]) / base_wall, Median(cpu[method]) / base_cpu,
             r.proposed > 0 ? 100.0 * r.accepted / r.proposed : 0.0,
@@ -448,7 +476,8 @@ int Main() {
             std::printf(" %d: %.0f (%lld)", rows, 1e6 * cost.second / cost.first,
                         static_cast<long long>(cost.first));
           }
-          std::printf("\n");
+          std::printf("; proposing %.1f ms per round\n",
+                      1e3 * propose_cpu[method] / absl::GetFlag(FLAGS_rounds));
         }
       }
       std::fflush(stdout);

@@ -67,7 +67,9 @@ ABSL_FLAG(std::string, speculative, "off",
           "Speculative decoding: off, ngram (prompt lookup: proposes what followed the latest "
           "match of the last tokens in the prompt and output) or draft (a smaller model of the "
           "same tokenizer, --draft_model_dir)");
-ABSL_FLAG(int, num_speculative_tokens, 4, "Tokens proposed per sequence and step, at most");
+ABSL_FLAG(int, num_speculative_tokens, 0,
+          "Tokens proposed per sequence and step, at most (0: the method's default, 6 for ngram "
+          "and 4 for draft)");
 ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=draft");
 ABSL_FLAG(bool, speculative_adaptive, true,
           "Each sequence's proposal length follows its acceptance, and a sequence whose "
@@ -160,7 +162,7 @@ int Main() {
   }
   if (*spec != nullptr) {
     PDSERVE_LOG(INFO) << "speculative decoding: " << (*spec)->proposer().name() << ", up to "
-                      << absl::GetFlag(FLAGS_num_speculative_tokens) << " tokens";
+                      << (*spec)->num_speculative_tokens() << " tokens";
   }
 
   decode::DecodeEngineOptions engine_options{

@@ -121,10 +121,9 @@ constexpr const char* kPrevious[] = {
     "He who lives looking for pleasures only, his senses uncontrolled, immoderate in his food, "
     "idle, and weak, Mara (the tempter) will certainly overthrow him, as the wind throws down a "
     "weak tree. 7",
-    "The virtuous man is happy in this world, and he is happy in the next; he is happy in both. He "
-    "is happy when he thinks of the good he has done; he is still more happy when going on the "
-    "good "
-    "path. 18",
+    "The virtuous man is happy in this world, and he is happy in the next; he is happy in both. "
+    "He is happy when he thinks of the good he has done; he is still more happy when going on the "
+    "good path. 18",
     "But, like a beautiful flower, full of colour and full of scent, are the fine and fruitful "
     "words of him who acts accordingly. 52",
     "\"May both the layman and he who has left the world think that this is done by me; may they "
@@ -295,14 +294,14 @@ absl::StatusOr<std::vector<Request>> MakeRequests(const std::string& workload,
 // What --trace prints for one method's run at batch 1: per request, its
 // decode steps inside the copy of the paragraph's remainder (the output's
 // leading tokens equal to it) and after it; "no match" counts the plain
-// steps where the n-gram lookup (the proposer's defaults) finds nothing in
-// prompt + output.
+// steps where the n-gram lookup (--ngram_min_n..--ngram_max_n) finds
+// nothing in prompt + output.
 void PrintTrace(const std::string& workload, const std::string& method, const Run& run,
                 const std::vector<Request>& requests, const text::Tokenizer& tokenizer) {
   struct Part {
     int steps = 0, verifying = 0, no_match = 0, tokens = 0, proposed = 0, accepted = 0;
   };
-  const engine::spec::NgramOptions ngram;
+  const int min_n = absl::GetFlag(FLAGS_ngram_min_n), max_n = absl::GetFlag(FLAGS_ngram_max_n);
   Part total[2];
   for (size_t i = 0; i < requests.size(); ++i) {
     const engine::SeqId id = i + 1;
@@ -326,11 +325,12 @@ void PrintTrace(const std::string& workload, const std::string& method, const Ru
       }
       std::vector<int32_t> tokens = requests[i].prompt;
       tokens.insert(tokens.end(), out.begin(), out.begin() + t.pos);
-      p.no_match += engine::spec::NgramLookup(tokens, ngram.min_n, ngram.max_n, 1).empty();
+      p.no_match += engine::spec::NgramLookup(tokens, min_n, max_n, 1).empty();
     }
     std::string after;
-    for (size_t j = copy; j < out.size() && j < copy + 12; ++j)
+    for (size_t j = copy; j < out.size() && j < copy + 12; ++j) {
       after += tokenizer.TokenBytes(out[j]);
+    }
     for (char& c : after) c = c == '\n' ? '|' : c;
     std::printf(
         "  trace %s %s #%zu: prompt %zu, output %zu, copy %zu of %zu | in copy: %d steps, %d "

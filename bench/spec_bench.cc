@@ -72,7 +72,7 @@ ABSL_FLAG(int, ngram_min_n, pdserve::engine::spec::NgramOptions{}.min_n,
           "Shortest n-gram the n-gram proposer matches");
 ABSL_FLAG(int, ngram_max_n, pdserve::engine::spec::NgramOptions{}.max_n,
           "Longest n-gram the n-gram proposer matches");
-ABSL_FLAG(int, max_batch, 4, "--speculative_max_batch (0: no limit)");
+ABSL_FLAG(int, max_batch, 2, "--speculative_max_batch as the worker's (0: no limit)");
 ABSL_FLAG(int, rounds, 3, "Rounds; each runs every method once");
 ABSL_FLAG(int, max_tokens, 64, "Tokens per request at most");
 ABSL_FLAG(int, threads, 0, "Runner threads (0: all cores)");

@@ -74,9 +74,10 @@ ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=dr
 ABSL_FLAG(bool, speculative_adaptive, true,
           "Each sequence's proposal length follows its acceptance, and a sequence whose "
           "acceptance is low stops proposing for a while");
-ABSL_FLAG(int, speculative_max_batch, 4,
-          "No proposals in a step with more decoding sequences than this (0: no limit): at "
-          "larger batches a step is compute-bound and verification costs about 1 + k plain steps");
+ABSL_FLAG(int, speculative_max_batch, 2,
+          "No proposals in a step with more decoding sequences than this (0: no limit): on the "
+          "CPU backend a step of 3 or more sequences' verification rows is compute-bound and "
+          "speculation loses there; a GPU, where verification rows cost little, takes more");
 ABSL_FLAG(int, stream_interval, 1,
           "Tokens of a stream sent to the router in one message (1: each as it is sampled; N: "
           "bursts of N steps, N times fewer messages per token for this worker and the router)");

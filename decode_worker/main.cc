@@ -67,14 +67,17 @@ ABSL_FLAG(std::string, speculative, "off",
           "Speculative decoding: off, ngram (prompt lookup: proposes what followed the latest "
           "match of the last tokens in the prompt and output) or draft (a smaller model of the "
           "same tokenizer, --draft_model_dir)");
-ABSL_FLAG(int, num_speculative_tokens, 4, "Tokens proposed per sequence and step, at most");
+ABSL_FLAG(int, num_speculative_tokens, 0,
+          "Tokens proposed per sequence and step, at most (0: the method's default, 6 for ngram "
+          "and 4 for draft)");
 ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=draft");
 ABSL_FLAG(bool, speculative_adaptive, true,
           "Each sequence's proposal length follows its acceptance, and a sequence whose "
           "acceptance is low stops proposing for a while");
-ABSL_FLAG(int, speculative_max_batch, 4,
-          "No proposals in a step with more decoding sequences than this (0: no limit): at "
-          "larger batches a step is compute-bound and verification costs about 1 + k plain steps");
+ABSL_FLAG(int, speculative_max_batch, 2,
+          "No proposals in a step with more decoding sequences than this (0: no limit): on the "
+          "CPU backend a step of 3 or more sequences' verification rows is compute-bound and "
+          "speculation loses there; a GPU, where verification rows cost little, takes more");
 ABSL_FLAG(int, stream_interval, 1,
           "Tokens of a stream sent to the router in one message (1: each as it is sampled; N: "
           "bursts of N steps, N times fewer messages per token for this worker and the router)");
@@ -160,7 +163,7 @@ int Main() {
   }
   if (*spec != nullptr) {
     PDSERVE_LOG(INFO) << "speculative decoding: " << (*spec)->proposer().name() << ", up to "
-                      << absl::GetFlag(FLAGS_num_speculative_tokens) << " tokens";
+                      << (*spec)->num_speculative_tokens() << " tokens";
   }
 
   decode::DecodeEngineOptions engine_options{

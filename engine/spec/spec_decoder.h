@@ -74,6 +74,8 @@ class SpecDecoder {
   SpecStepStats Observe(std::span<const SequenceUpdate> updates);
 
   const Proposer& proposer() const { return *proposer_; }
+  // k at most (SpecOptions::num_speculative_tokens).
+  int num_speculative_tokens() const { return options_.num_speculative_tokens; }
   // The k a sequence proposes next (0: cooling down); for tests.
   int NextK(SeqId id) const;
 

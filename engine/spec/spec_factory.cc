@@ -7,16 +7,30 @@
 
 namespace pdserve::engine::spec {
 
+int DefaultSpeculativeTokens(SpecMethod method) {
+  switch (method) {
+    case SpecMethod::kOff:
+      return 0;
+    case SpecMethod::kNgram:
+      return kDefaultNgramTokens;
+    case SpecMethod::kDraft:
+      return kDefaultDraftTokens;
+  }
+  return 0;
+}
+
 absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,
                                                                const ModelRunner& target) {
   if (config.method == SpecMethod::kOff) return nullptr;
-  if (config.num_speculative_tokens < 1 || config.num_speculative_tokens > 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_speculative_tokens must be in [1, 16], got ", config.num_speculative_tokens));
+  if (config.num_speculative_tokens < 0 || config.num_speculative_tokens > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_speculative_tokens must be in [1, 16] (0: the method's default), got ",
+                     config.num_speculative_tokens));
   }
-  const SpecOptions options{.num_speculative_tokens = config.num_speculative_tokens,
-                            .adaptive = config.adaptive,
-                            .max_batch = config.max_batch};
+  const int k = config.num_speculative_tokens > 0 ? config.num_speculative_tokens
+                                                  : DefaultSpeculativeTokens(config.method);
+  const SpecOptions options{
+      .num_speculative_tokens = k, .adaptive = config.adaptive, .max_batch = config.max_batch};
   switch (config.method) {
     case SpecMethod::kOff:
       return nullptr;

@@ -13,9 +13,17 @@
 
 namespace pdserve::engine::spec {
 
+// The k a method proposes at most when the configuration leaves it at 0: 6
+// for n-grams (a proposal costs nothing and on copied text most of it
+// stands), 4 for a draft (each proposed token costs a draft step).
+// docs/decisions/speculative.md, "Proposal length per method".
+inline constexpr int kDefaultNgramTokens = 6;
+inline constexpr int kDefaultDraftTokens = 4;
+int DefaultSpeculativeTokens(SpecMethod method);
+
 struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;
-  int num_speculative_tokens = 4;  // k, in [1, 16]
+  int num_speculative_tokens = 0;  // k, in [1, 16]; 0: DefaultSpeculativeTokens(method)
   bool adaptive = true;            // SpecOptions::adaptive
   int max_batch = 0;               // SpecOptions::max_batch
   NgramOptions ngram;
@@ -27,7 +35,7 @@ struct SpecConfig {
   int draft_kv_blocks = 0;  // 0: as many blocks as the target's cache has
 };
 
-// Null for kOff. INVALID_ARGUMENT for a bad k or n-gram range, a missing
+// Null for kOff. INVALID_ARGUMENT for a k outside [0, 16] or n-gram range, a missing
 // draft_model_dir, or a draft whose vocabulary or special tokens differ from
 // the target's.
 absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,

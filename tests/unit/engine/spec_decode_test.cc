@@ -212,7 +212,8 @@ TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
   }
 }
 
-// What the worker's flags build: off is nothing, bad k or a missing draft
+// What the worker's flags build: off is nothing, a k left at 0 is the
+// method's default, a k outside [0, 16] or a missing draft
 // directory are refused, a draft of another vocabulary is refused naming
 // the tokenizer, a draft of the same one is used.
 TEST(SpecFactoryTest, ChecksTheConfiguration) {
@@ -226,11 +227,14 @@ TEST(SpecFactoryTest, ChecksTheConfiguration) {
   ASSERT_TRUE(target.ok()) << target.status();
   using spec::SpecMethod;
   EXPECT_EQ(*spec::CreateSpecDecoder({.method = SpecMethod::kOff}, **target), nullptr);
-  EXPECT_EQ(
-      spec::CreateSpecDecoder({.method = SpecMethod::kNgram, .num_speculative_tokens = 0}, **target)
-          .status()
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  for (int bad_k : {-1, 17}) {
+    EXPECT_EQ(spec::CreateSpecDecoder(
+                  {.method = SpecMethod::kNgram, .num_speculative_tokens = bad_k}, **target)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad_k;
+  }
   EXPECT_EQ(spec::CreateSpecDecoder({.method = SpecMethod::kDraft}, **target).status().code(),
             absl::StatusCode::kInvalidArgument);
   absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> mismatch =
@@ -245,6 +249,15 @@ TEST(SpecFactoryTest, ChecksTheConfiguration) {
       spec::CreateSpecDecoder({.method = SpecMethod::kNgram}, **target);
   ASSERT_TRUE(ngram.ok()) << ngram.status();
   EXPECT_EQ((*ngram)->proposer().name(), "ngram");
+  // k left at 0 is the method's default; a k given is kept.
+  EXPECT_EQ((*ngram)->num_speculative_tokens(), spec::kDefaultNgramTokens);
+  EXPECT_EQ((*draft)->num_speculative_tokens(), spec::kDefaultDraftTokens);
+  EXPECT_EQ(spec::DefaultSpeculativeTokens(SpecMethod::kNgram), 6);
+  EXPECT_EQ(spec::DefaultSpeculativeTokens(SpecMethod::kDraft), 4);
+  absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> ngram3 = spec::CreateSpecDecoder(
+      {.method = SpecMethod::kNgram, .num_speculative_tokens = 3}, **target);
+  ASSERT_TRUE(ngram3.ok()) << ngram3.status();
+  EXPECT_EQ((*ngram3)->num_speculative_tokens(), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecDecodeTest, testing::ValuesIn(testing_models::AllArchCases()),

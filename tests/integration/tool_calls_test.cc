@@ -102,8 +102,12 @@ class ToolCallsTest : public ::testing::Test {
         }
       }
       if (loop["stream"] == true) {
-        // Arguments arrive in pieces as they are generated (both formats).
-        EXPECT_GT(first["argument_deltas"].get<int>(), static_cast<int>(first["calls"].size()))
+        // Every streamed call's arguments come in argument deltas. How many
+        // pieces is timing: tokens that reach the session together go out as
+        // one delta, so on a busy machine a call's arguments may arrive
+        // whole. That they stream as they are generated is asserted without
+        // timing by the unit tests (ToolCallsTest.*Stream*, tests/unit).
+        EXPECT_GE(first["argument_deltas"].get<int>(), static_cast<int>(first["calls"].size()))
             << where;
       }
       // The answer turn (tool_choice none) is plain content.

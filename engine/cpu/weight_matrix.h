@@ -82,7 +82,14 @@ class WeightMatrix {
   // and int8 rows expanded to fp32 a cache-sized block at a time. With int8
   // storage x's rows are rounded first, to 16-bit integers in groups of 32
   // (Int16Activations; with quantize_activations(), to int8): at m == 1 for
-  // GemvInt8 / GemvInt8Act, at m > 1 to the same values in fp32. With int4
+  // GemvInt8 / GemvInt8Act, at 1 < m <= kManyGemvRows without
+  // quantize_activations() to the same 16-bit values in fp32 for the sgemm
+  // (a verification step's rows get the decode GEMV's numbers up to
+  // summation order). Above kManyGemvRows rows (prefill), and at every
+  // m > 1 with quantize_activations(), int8 storage runs the int8 GEMM
+  // (GemmInt8, kernels_gemm_int8.h): x's rows rounded to int8 in groups of
+  // 32 (as llama.cpp's Q8_0), exact int32 dot products per group, on
+  // `pool`'s threads when given, in chunks of 64 rows. With int4
   // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
   // at m == 1 for GemvInt4, at m > 1 to the same values in fp32, which the
   // sgemm multiplies by the int4 rows expanded to fp32 (the GEMV's products,
@@ -119,6 +126,12 @@ class WeightMatrix {
   }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
+  // Whether MatMul of m rows runs the int8 GEMM (Int8Gemm).
+  bool UsesInt8Gemm(int m) const;
+  // MatMul of int8 storage by GemmInt8 (kernels_gemm_int8.h): x's rows
+  // quantized to int8 in groups of 32, rows split over `pool`'s threads in
+  // chunks of 64 when it has more than one, else over OpenMP threads.
+  void Int8Gemm(const float* x, float* y, int m, int num_threads, WorkPool* pool) const;
   // x as MatMul rounds it for one GEMV (for int8 storage, x8 under w8a8,
   // else x16; for int4, x4).
   struct RoundedX {

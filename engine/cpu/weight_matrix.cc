@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemm_float.h"
 #include "engine/cpu/kernels_gemm_int8.h"
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/cpu/kernels_int4.h"
@@ -305,6 +306,30 @@ bool WeightMatrix::UsesInt8Gemm(int m) const {
   return storage_ == Storage::kInt8 && m > 1 && (m > kManyGemvRows || quantize_activations_);
 }
 
+bool WeightMatrix::UsesFloatPanels(int m) const {
+  return (storage_ == Storage::kF32 || storage_ == Storage::kBf16) && m > kManyGemvRows &&
+         HasFloatGemmPanels();
+}
+
+void WeightMatrix::SplitRows(int m, int chunk, int num_threads, WorkPool* pool,
+                             absl::FunctionRef<void(int, int)> rows) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  if (pool != nullptr && pool->num_threads() > 1) {
+    // Chunks claimed as threads come free: a descheduled thread delays the
+    // product by one chunk.
+    pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
+      const int first = static_cast<int>(c) * chunk;
+      rows(first, std::min(chunk, n - first));
+    });
+    return;
+  }
+  const int threads = MatMulThreads(m, n, k, num_threads);
+  if (threads == 1) return rows(0, n);
+  const int block = ((n + threads - 1) / threads + chunk - 1) / chunk * chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int n0 = 0; n0 < n; n0 += block) rows(n0, std::min(block, n - n0));
+}
+
 void WeightMatrix::Int8Gemm(const float* x, float* y, int m, int num_threads,
                             WorkPool* pool) const {
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
@@ -315,24 +340,23 @@ void WeightMatrix::Int8Gemm(const float* x, float* y, int m, int num_threads,
   const Int8ActivationRows& act = quantized;
   const Isa isa = BestIsa();
   const int64_t groups = Int8Groups(k);
-  const auto rows = [&](int first, int count) {
+  // Chunks of 64 rows: the kernel's repacking unit.
+  SplitRows(m, 64, num_threads, pool, [&](int first, int count) {
     GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act, y + first, n, isa);
-  };
-  if (pool != nullptr && pool->num_threads() > 1) {
-    // Chunks of 64 rows (the kernel's repacking unit), claimed as threads
-    // come free: a descheduled thread delays the product by one chunk.
-    constexpr int kChunk = 64;
-    pool->ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t c) {
-      const int first = static_cast<int>(c) * kChunk;
-      rows(first, std::min(kChunk, n - first));
-    });
-    return;
-  }
-  const int threads = MatMulThreads(m, n, k, num_threads);
-  if (threads == 1) return rows(0, n);
-  const int block = ((n + threads - 1) / threads + 63) / 64 * 64;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int n0 = 0; n0 < n; n0 += block) rows(n0, std::min(block, n - n0));
+  });
+}
+
+void WeightMatrix::FloatPanelsGemm(const float* x, float* y, int m, int num_threads,
+                                   WorkPool* pool) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  // Chunks of 128 rows: the kernel's repacking unit.
+  SplitRows(m, 128, num_threads, pool, [&](int first, int count) {
+    if (storage_ == Storage::kF32) {
+      GemmF32Panels(f32() + int64_t{first} * k, count, k, x, k, m, y + first, n);
+    } else {
+      GemmBf16Panels(bf16() + int64_t{first} * k, count, k, x, k, m, y + first, n);
+    }
+  });
 }
 
 void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
@@ -347,6 +371,7 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
   // (References: a lambda naming a thread_local reads the running thread's
   // own; the pool's threads must read this thread's.)
   if (UsesInt8Gemm(m)) return Int8Gemm(x, y, m, num_threads, pool);
+  if (UsesFloatPanels(m)) return FloatPanelsGemm(x, y, m, num_threads, pool);
   thread_local RoundedX rounded_buffer;
   thread_local std::vector<float> rounded_x;
   const RoundedX& rounded = rounded_buffer;

@@ -324,12 +324,15 @@ TEST(QuantizeActivations16Test, GivesTheBitsOfTheDefinition) {
 }
 
 // The stored matrix through WeightMatrix::MatMul (GEMV at m == 1, blocked
-// sgemm otherwise, 1 and 2 threads) gives the product of its own values (and
-// for int8, of x rounded to 16 bits).
+// sgemm or GEMVs of many vectors up to kManyGemvRows rows, the panel or int8
+// GEMM above; 1 and 2 threads, and 2 on a WorkPool) gives the product of its
+// own values (and for int8, of x rounded to 16 bits, or above kManyGemvRows
+// rows to 8).
 TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
   uint32_t seed = 200;
+  WorkPool pool(2);
   for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
-    for (int m : {1, 2, 5, 17}) {
+    for (int m : {1, 2, 5, 17, kManyGemvRows + 6}) {
       for (int n : {1, 7, 64, 131}) {
         for (int k : {1, 13, 96, 777}) {
           const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
@@ -339,11 +342,16 @@ TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
           ASSERT_EQ(mat.cols(), k);
           std::vector<float> stored(w.size());
           mat.RowsToFloat(0, n, stored.data());
-          const Reference ref =
-              Exact(stored, dtype == WeightDtype::kInt8 ? Rounded16(x, m, k) : x, m, n, k);
-          for (int threads : {1, 2}) {
+          const bool int8 = dtype == WeightDtype::kInt8;
+          const Reference ref = Exact(stored,
+                                      !int8               ? x
+                                      : m > kManyGemvRows ? RoundedActivations(x, m, k)
+                                                          : Rounded16(x, m, k),
+                                      m, n, k);
+          for (int threads : {1, 2, 3}) {
+            // threads 3: 2 on the pool.
             std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
-            mat.MatMul(x.data(), y.data(), m, threads);
+            mat.MatMul(x.data(), y.data(), m, std::min(threads, 2), threads == 3 ? &pool : nullptr);
             for (size_t i = 0; i < y.size(); ++i) {
               ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
                   << WeightDtypeName(dtype) << " m " << m << " n " << n << " k " << k << " threads "

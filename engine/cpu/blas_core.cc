@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/logging.h"
 
 namespace pdserve::engine::cpu {
 namespace {
@@ -51,14 +49,6 @@ std::string OpenBlasCoreWarning() {
       "prefill without AVX-512) run several times slower than they could. Start the process with "
       "OPENBLAS_CORETYPE=",
       suggested, " in its environment (OpenBLAS reads it only when it is loaded).");
-}
-
-void WarnIfOpenBlasMisdetects() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string warning = OpenBlasCoreWarning();
-    if (!warning.empty()) PDSERVE_LOG(WARNING) << warning;
-  });
 }
 
 }  // namespace pdserve::engine::cpu

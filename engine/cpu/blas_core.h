@@ -34,9 +34,7 @@ std::string OpenBlasCore();
 // "" when OpenBLAS's core suits this CPU (SuggestedOpenBlasCore of
 // OpenBlasCore and BestIsa is ""), else a warning that names the core, the
 // CPU's instruction set, what runs slower and the variable to set.
+// CreateModelRunner logs it once per process when it makes a CPU runner.
 std::string OpenBlasCoreWarning();
-
-// Logs OpenBlasCoreWarning() at WARNING, once per process, when not "".
-void WarnIfOpenBlasMisdetects();
 
 }  // namespace pdserve::engine::cpu

@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cpu/blas_core.h"
 #include "engine/cpu/kernels.h"
 #include "engine/runtime/step_state.h"
 
@@ -104,7 +103,6 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(config, options));
   cpu::InitBlasThreading();
-  cpu::WarnIfOpenBlasMisdetects();
   // Storage that changes the checkpoint's numbers (int8, or bf16 from another
   // dtype) computes different KV: it must not pair with a lossless runner.
   bool lossy = options.weight_dtype == WeightDtype::kInt8 ||

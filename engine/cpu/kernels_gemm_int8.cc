@@ -52,22 +52,33 @@ constexpr int kGroupBytes = 640;
 constexpr int kChunkRows = 64;
 
 // Rows [0, count) of q / scales (count <= kChunkRows) into panels at `out`.
+// A whole group of a row is 8 words of 4 values, each copied to its block
+// as one 4-byte store.
 void PackPanels(const int8_t* q, const float* scales, int count, int k, uint8_t* out) {
   const int64_t groups = Int8Groups(k);
+  const int64_t full = k / kInt8Group;
   const int panels = (count + kPanelRows - 1) / kPanelRows;
-  std::memset(out, 0, static_cast<size_t>(panels * groups * kGroupBytes));
+  if (count % kPanelRows != 0 || full < groups) {
+    std::memset(out, 0, static_cast<size_t>(panels * groups * kGroupBytes));
+  }
   for (int r = 0; r < count; ++r) {
     uint8_t* panel = out + (r / kPanelRows) * groups * kGroupBytes;
     const int lane = r % kPanelRows;
     const int8_t* row = q + int64_t{r} * k;
     for (int64_t g = 0; g < groups; ++g) {
       uint8_t* group = panel + g * kGroupBytes;
-      const int begin = static_cast<int>(g * kInt8Group), end = std::min(k, begin + kInt8Group);
+      const int8_t* values = row + g * kInt8Group;
       int32_t sum = 0;
-      for (int i = begin; i < end; ++i) {
-        const int j = (i - begin) / 4;
-        group[64 * j + 4 * lane + (i - begin) % 4] = static_cast<uint8_t>(row[i]);
-        sum += row[i];
+      if (g < full) {
+        for (int j = 0; j < kInt8Group / 4; ++j) {
+          std::memcpy(group + 64 * j + 4 * lane, values + 4 * j, 4);
+        }
+        for (int i = 0; i < kInt8Group; ++i) sum += values[i];
+      } else {
+        for (int i = 0; i < k - g * kInt8Group; ++i) {
+          group[64 * (i / 4) + 4 * lane + i % 4] = static_cast<uint8_t>(values[i]);
+          sum += values[i];
+        }
       }
       std::memcpy(group + 512 + 4 * lane, scales + r * groups + g, sizeof(float));
       const int32_t bias = -128 * sum;

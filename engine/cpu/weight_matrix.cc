@@ -303,7 +303,7 @@ void WeightMatrix::GemvRows(const float* x, const RoundedX& rounded, float* y, i
 }
 
 bool WeightMatrix::UsesInt8Gemm(int m) const {
-  return storage_ == Storage::kInt8 && m > 1 && (m > kManyGemvRows || quantize_activations_);
+  return storage_ == Storage::kInt8 && m > kManyGemvRows;
 }
 
 bool WeightMatrix::UsesFloatPanels(int m) const {

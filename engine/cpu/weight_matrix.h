@@ -89,11 +89,11 @@ class WeightMatrix {
   // GemvInt8 / GemvInt8Act, at 1 < m <= kManyGemvRows without
   // quantize_activations() to the same 16-bit values in fp32 for the sgemm
   // (a verification step's rows get the decode GEMV's numbers up to
-  // summation order). Above kManyGemvRows rows (prefill), and at every
-  // m > 1 with quantize_activations(), int8 storage runs the int8 GEMM
-  // (GemmInt8, kernels_gemm_int8.h): x's rows rounded to int8 in groups of
-  // 32 (as llama.cpp's Q8_0), exact int32 dot products per group, on
-  // `pool`'s threads when given, in chunks of 64 rows. With int4
+  // summation order). Above kManyGemvRows rows (prefill), int8 storage
+  // runs the int8 GEMM (GemmInt8, kernels_gemm_int8.h): x's rows rounded to
+  // int8 in groups of 32 (as llama.cpp's Q8_0, and as w8a8 always rounds),
+  // exact int32 dot products per group, on `pool`'s threads when given, in
+  // chunks of 64 rows. With int4
   // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
   // at m == 1 for GemvInt4, at m > 1 to the same values in fp32, which the
   // sgemm multiplies by the int4 rows expanded to fp32 (the GEMV's products,

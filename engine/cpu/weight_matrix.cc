@@ -361,6 +361,10 @@ void WeightMatrix::FloatPanelsGemm(const float* x, float* y, int m, int num_thre
 
 void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
+  // Prefill-sized products (more than kManyGemvRows rows): the GEMMs of
+  // kernels_gemm_int8.h and kernels_gemm_float.h.
+  if (UsesInt8Gemm(m)) return Int8Gemm(x, y, m, num_threads, pool);
+  if (UsesFloatPanels(m)) return FloatPanelsGemm(x, y, m, num_threads, pool);
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
   // int8 and int4 storage: the activations rounded once, here, before the
   // threads split the rows (to int8 for w8a8 and int4, else to 16-bit
@@ -370,8 +374,6 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
   // products up to fp32 summation order.
   // (References: a lambda naming a thread_local reads the running thread's
   // own; the pool's threads must read this thread's.)
-  if (UsesInt8Gemm(m)) return Int8Gemm(x, y, m, num_threads, pool);
-  if (UsesFloatPanels(m)) return FloatPanelsGemm(x, y, m, num_threads, pool);
   thread_local RoundedX rounded_buffer;
   thread_local std::vector<float> rounded_x;
   const RoundedX& rounded = rounded_buffer;

@@ -43,7 +43,7 @@ ResolvedPeak ResolvePeak(PeakKind kind, double flag_value, const std::string& fl
                 kind == PeakKind::kFlops ? "bf16 GEMM measured" : "2 x memory clock x bus width")};
   }
   return {*measured, absl::StrFormat("%.4g %s measured in %d ms (%s, %d threads)", *measured, unit,
-                                     ms, kind == PeakKind::kFlops ? "sgemm" : "triad",
+                                     ms, kind == PeakKind::kFlops ? "fp32 GEMM" : "triad",
                                      options.threads > 0 ? options.threads : omp_get_num_procs())};
 }
 

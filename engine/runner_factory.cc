@@ -3,11 +3,15 @@
 // index) and builds the runner of the requested backend.
 #include "engine/runner_factory.h"
 
+#include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "engine/cpu/blas_core.h"
 #include "engine/cpu/cpu_model_runner.h"
 #include "engine/model/config.h"
 #include "engine/model/weight_source.h"
@@ -58,6 +62,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
   cpu.num_kv_blocks = KvBlocksFor(options, *config, sizeof(float));  // fp32 KV
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner = CpuModelRunner::Create(**weights, cpu);
   if (!runner.ok()) return runner.status();
+  // OpenBLAS's kernels are chosen when it is loaded: say so once if they
+  // are narrower than this CPU (engine/cpu/blas_core.h).
+  static std::once_flag blas_checked;
+  std::call_once(blas_checked, [] {
+    const std::string warning = cpu::OpenBlasCoreWarning();
+    if (!warning.empty()) PDSERVE_LOG(WARNING) << warning;
+  });
   return std::unique_ptr<ModelRunner>(std::move(*runner));
 }
 

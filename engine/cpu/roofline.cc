@@ -15,6 +15,7 @@
 
 #include "absl/time/clock.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemm_float.h"
 
 namespace pdserve::engine::cpu {
 namespace {
@@ -96,6 +97,7 @@ RooflineMeasurement MeasureSgemmFlops(int threads, absl::Duration budget) {
   out.threads = ResolveThreads(threads);
   InitBlasThreading();  // one OpenBLAS thread per caller, as in the runner
   constexpr int kN = 512;
+  const bool panels = HasFloatGemmPanels();
   constexpr double kFlopsPerCall = 2.0 * kN * kN * kN;
   // One pass: every thread runs one sgemm at the same time.
   std::vector<std::vector<float>> matrices(static_cast<size_t>(out.threads));
@@ -121,8 +123,12 @@ RooflineMeasurement MeasureSgemmFlops(int threads, absl::Duration budget) {
       absl::Time t0;
 #pragma omp master
       t0 = absl::Now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kN, kN, kN, 1.0f, x, kN, w, kN, 0.0f, y,
-                  kN);
+      if (panels) {
+        GemmF32Panels(w, kN, kN, x, kN, kN, y, kN);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kN, kN, kN, 1.0f, x, kN, w, kN, 0.0f,
+                    y, kN);
+      }
 #pragma omp barrier
 #pragma omp master
       {

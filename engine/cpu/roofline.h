@@ -9,8 +9,11 @@
 //                          caches the process can reach together (16-256 MiB
 //                          per array: up to 768 MiB held while it runs)
 //   MeasureSgemmFlops      every thread multiplies its own 512x512 fp32
-//                          matrices with single-threaded OpenBLAS sgemm, as
-//                          the CPU runner's GEMMs do; 2 n^3 FLOPs per call
+//                          matrices with the GEMM the CPU runner's fp32
+//                          prefill runs: the AVX-512 panel GEMM where the
+//                          CPU has AVX-512 (kernels_gemm_float.h), else
+//                          single-threaded OpenBLAS sgemm; 2 n^3 FLOPs per
+//                          call
 //
 // Each takes a wall-clock budget: set-up (allocation and first touch) and
 // one pass always run; further passes run while the last pass's duration

@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemm_float.h"
+#include "engine/cpu/kernels_gemm_int8.h"
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/cpu/kernels_int4.h"
 
@@ -300,8 +302,69 @@ void WeightMatrix::GemvRows(const float* x, const RoundedX& rounded, float* y, i
   }
 }
 
+bool WeightMatrix::UsesInt8Gemm(int m) const {
+  return storage_ == Storage::kInt8 && m > kManyGemvRows;
+}
+
+bool WeightMatrix::UsesFloatPanels(int m) const {
+  return (storage_ == Storage::kF32 || storage_ == Storage::kBf16) && m > kManyGemvRows &&
+         HasFloatGemmPanels();
+}
+
+void WeightMatrix::SplitRows(int m, int chunk, int num_threads, WorkPool* pool,
+                             absl::FunctionRef<void(int, int)> rows) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  if (pool != nullptr && pool->num_threads() > 1) {
+    // Chunks claimed as threads come free: a descheduled thread delays the
+    // product by one chunk.
+    pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
+      const int first = static_cast<int>(c) * chunk;
+      rows(first, std::min(chunk, n - first));
+    });
+    return;
+  }
+  const int threads = MatMulThreads(m, n, k, num_threads);
+  if (threads == 1) return rows(0, n);
+  const int block = ((n + threads - 1) / threads + chunk - 1) / chunk * chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int n0 = 0; n0 < n; n0 += block) rows(n0, std::min(block, n - n0));
+}
+
+void WeightMatrix::Int8Gemm(const float* x, float* y, int m, int num_threads,
+                            WorkPool* pool) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  // Quantized once, here, before the threads split the rows; the threads
+  // read this thread's buffer.
+  thread_local Int8ActivationRows quantized;
+  QuantizeActivationRows(x, m, k, quantized);
+  const Int8ActivationRows& act = quantized;
+  const Isa isa = BestIsa();
+  const int64_t groups = Int8Groups(k);
+  // Chunks of 64 rows: the kernel's repacking unit.
+  SplitRows(m, 64, num_threads, pool, [&](int first, int count) {
+    GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act, y + first, n, isa);
+  });
+}
+
+void WeightMatrix::FloatPanelsGemm(const float* x, float* y, int m, int num_threads,
+                                   WorkPool* pool) const {
+  const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
+  // Chunks of 128 rows: the kernel's repacking unit.
+  SplitRows(m, 128, num_threads, pool, [&](int first, int count) {
+    if (storage_ == Storage::kF32) {
+      GemmF32Panels(f32() + int64_t{first} * k, count, k, x, k, m, y + first, n);
+    } else {
+      GemmBf16Panels(bf16() + int64_t{first} * k, count, k, x, k, m, y + first, n);
+    }
+  });
+}
+
 void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool) const {
   if (m == 0 || rows_ == 0) return;
+  // Prefill-sized products (more than kManyGemvRows rows): the GEMMs of
+  // kernels_gemm_int8.h and kernels_gemm_float.h.
+  if (UsesInt8Gemm(m)) return Int8Gemm(x, y, m, num_threads, pool);
+  if (UsesFloatPanels(m)) return FloatPanelsGemm(x, y, m, num_threads, pool);
   const int n = static_cast<int>(rows_), k = static_cast<int>(cols_);
   // int8 and int4 storage: the activations rounded once, here, before the
   // threads split the rows (to int8 for w8a8 and int4, else to 16-bit

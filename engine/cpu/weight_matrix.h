@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "engine/cpu/kernels_gemv.h"
 #include "engine/cpu/kernels_int4.h"
@@ -79,10 +80,20 @@ class WeightMatrix {
   // (rows in chunks of about 128 KiB, claimed as threads come free), else
   // over at most `num_threads` OpenMP threads, each taking a block of rows;
   // m > 1: OpenBLAS sgemm on at most `num_threads` OpenMP threads, with bf16
-  // and int8 rows expanded to fp32 a cache-sized block at a time. With int8
+  // and int8 rows expanded to fp32 a cache-sized block at a time; except
+  // that above kManyGemvRows rows (prefill) fp32 and bf16 storage run the
+  // AVX-512 panel GEMM where the CPU has AVX-512 (kernels_gemm_float.h), on
+  // `pool`'s threads when given, in chunks of 128 rows. With int8
   // storage x's rows are rounded first, to 16-bit integers in groups of 32
   // (Int16Activations; with quantize_activations(), to int8): at m == 1 for
-  // GemvInt8 / GemvInt8Act, at m > 1 to the same values in fp32. With int4
+  // GemvInt8 / GemvInt8Act, at 1 < m <= kManyGemvRows without
+  // quantize_activations() to the same 16-bit values in fp32 for the sgemm
+  // (a verification step's rows get the decode GEMV's numbers up to
+  // summation order). Above kManyGemvRows rows (prefill), int8 storage
+  // runs the int8 GEMM (GemmInt8, kernels_gemm_int8.h): x's rows rounded to
+  // int8 in groups of 32 (as llama.cpp's Q8_0, and as w8a8 always rounds),
+  // exact int32 dot products per group, on `pool`'s threads when given, in
+  // chunks of 64 rows. With int4
   // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
   // at m == 1 for GemvInt4, at m > 1 to the same values in fp32, which the
   // sgemm multiplies by the int4 rows expanded to fp32 (the GEMV's products,
@@ -119,6 +130,21 @@ class WeightMatrix {
   }
   // Rows [first, first + count) times x, m > 1, into y's columns (ldy = rows()).
   void BlockGemm(const float* x, float* y, int m, int64_t first, int64_t count) const;
+  // Whether MatMul of m rows runs the int8 GEMM (Int8Gemm) or the fp32 /
+  // bf16 panel GEMM (FloatPanelsGemm).
+  bool UsesInt8Gemm(int m) const;
+  bool UsesFloatPanels(int m) const;
+  // rows(first, count) over all rows: on `pool`'s threads in chunks of
+  // `chunk` rows when it has more than one thread, else in blocks of a
+  // multiple of `chunk` rows over at most MatMulThreads OpenMP threads.
+  void SplitRows(int m, int chunk, int num_threads, WorkPool* pool,
+                 absl::FunctionRef<void(int, int)> rows) const;
+  // MatMul of int8 storage by GemmInt8 (kernels_gemm_int8.h), x's rows
+  // quantized to int8 in groups of 32, rows in chunks of 64.
+  void Int8Gemm(const float* x, float* y, int m, int num_threads, WorkPool* pool) const;
+  // MatMul of fp32 / bf16 storage by GemmF32Panels / GemmBf16Panels
+  // (kernels_gemm_float.h), rows in chunks of 128.
+  void FloatPanelsGemm(const float* x, float* y, int m, int num_threads, WorkPool* pool) const;
   // x as MatMul rounds it for one GEMV (for int8 storage, x8 under w8a8,
   // else x16; for int4, x4).
   struct RoundedX {

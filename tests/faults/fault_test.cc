@@ -47,7 +47,7 @@ class FaultTest : public ::testing::Test {
     std::filesystem::create_directories(work_dir_);
     model_dir_ = work_dir_ + "/model";
     engine::ModelConfig config = engine::DefaultDemoConfig();
-    config.max_position_embeddings = 4096;  // room for 3,000-token prompts
+    config.max_position_embeddings = 8192;  // room for 6,000-token prompts
     ASSERT_TRUE(engine::WriteRandomModel(config, /*seed=*/5, "f32", model_dir_).ok());
   }
 
@@ -528,8 +528,10 @@ TEST_F(FaultTest, CancelledLongPromptsLeaveThePrefillQueue) {
 }
 
 // Heartbeats run on a thread of their own that compute cannot starve: a
-// prefill worker computing two whole 3,000-token prompts in one step (about
-// 5 s on one idle core, longer on a busy machine) stays registered with a
+// prefill worker computing whole 6,000-token prompts (a step of 1.4 s per
+// 3,000-token prompt at a load of 5 once the prefill GEMMs were the
+// project's own, attention most of it; twice the tokens, four times the
+// attention) stays registered with a
 // router whose ttl is 2 s, ten heartbeat intervals. The ttl is not shorter
 // because a busy machine (a load average of 30 and more on 2 cores) leaves
 // any thread unscheduled for over half a second at times, compute or not:
@@ -538,11 +540,12 @@ TEST_F(FaultTest, CancelledLongPromptsLeaveThePrefillQueue) {
 // for the step would still be caught.
 TEST_F(FaultTest, HeartbeatsGoOnWhileAWorkerComputes) {
   constexpr double kTtlSeconds = 2.0;
-  // A hang guard, not a time to meet: the two steps take about 11 s on an
-  // idle machine and over 50 s beside stress-ng at a load average of 35.
+  // A hang guard, not a time to meet: with 3,000-token prompts and OpenBLAS
+  // sgemm the two steps took about 11 s on an idle machine and over 50 s
+  // beside stress-ng at a load average of 35.
   constexpr absl::Duration kDeadline = absl::Seconds(300);
   ClusterOptions options = Options(1, 1, {"--worker_timeout_ms=2000"});
-  options.prefill_flags.push_back("--max_batch_tokens=6000");
+  options.prefill_flags.push_back("--max_batch_tokens=12000");
   options.prefill_flags.push_back("--max_prefill_chunk_tokens=0");  // whole prompts: long steps
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok());
@@ -551,7 +554,7 @@ TEST_F(FaultTest, HeartbeatsGoOnWhileAWorkerComputes) {
   std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < 2; ++i) {
     streams.push_back(std::make_unique<Stream>(
-        *stub, Request(Prompt(3000, 80 + i), Seeded(800 + i, 4)), kDeadline));
+        *stub, Request(Prompt(6000, 80 + i), Seeded(800 + i, 4)), kDeadline));
   }
   for (auto& s : streams) {
     ASSERT_TRUE(s->Wait(kDeadline));

@@ -130,8 +130,8 @@ def q4_0_rounded(w):
     return (q * d).reshape(rows, -1)[:, :cols].double()
 
 
-def prompt_tokens(vocab, salt):
-    return [(i * 131 + salt * 17 + 5) % vocab for i in range(PROMPT_LEN)]
+def prompt_tokens(vocab, salt, length=PROMPT_LEN):
+    return [(i * 131 + salt * 17 + 5) % vocab for i in range(length)]
 
 
 def max_rel_diff(ours, ref):
@@ -215,7 +215,7 @@ def check_variant(name, flags, salt, args):
     model_dir = os.path.join(args.work_dir, name)
     subprocess.run([args.make_model, f"--out_dir={model_dir}", f"--seed={100 + salt}"] + BASE + flags,
                    check=True, stdout=subprocess.DEVNULL)
-    prompt = prompt_tokens(512, salt)
+    prompt = prompt_tokens(512, salt, args.prompt_len)
     ours = dump_logits(args, model_dir, prompt, "auto")
 
     ref = ReferenceModel(model_dir)
@@ -253,6 +253,9 @@ def main():
     parser.add_argument("--dump_logits", required=True, help="pdserve_dump_logits binary")
     parser.add_argument("--work_dir", default="", help="where models are written (default: a temp dir)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt_len", type=int, default=PROMPT_LEN,
+                        help="prompt tokens (over 64, the int8 and w8a8 prefill runs the int8 "
+                        "GEMM; at most 96: the models hold 128 positions)")
     parser.add_argument("--only", default="", help="run only variants whose name contains this")
     args = parser.parse_args()
     import_torch_or_skip()

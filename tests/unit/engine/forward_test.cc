@@ -8,6 +8,7 @@
 // attention_bias (o_proj bias) and Mistral's sliding window.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_model_runner.h"
+#include "engine/cpu/weight_matrix.h"
 #include "engine/model/safetensors.h"
 #include "engine/runner_factory.h"
 #include "engine/runtime/generator.h"
@@ -336,6 +338,18 @@ TEST_P(ForwardTest, LossyWeightDtypesStayNearTheReference) {
       EXPECT_LT(RelDiff(logits, ref_->LastLogits(tokens)), tol)
           << WeightDtypeName(dtype) << " step " << step;
     }
+    // A prompt longer than kManyGemvRows: int8 and w8a8 prefill run the
+    // int8 GEMM (activations rounded to int8), under the same bound.
+    const std::vector<int32_t> long_prompt = Tokens(cpu::kManyGemvRows + 16, vocab(), 9);
+    std::vector<int32_t> long_table(64);
+    for (int i = 0; i < 64; ++i) long_table[i] = i;
+    const PrefillSequence long_seq{long_prompt, long_table};
+    ASSERT_TRUE(PrefillForLogits(*lossy, {&long_seq, 1}, nullptr, logits).ok());
+    const double long_diff = RelDiff(logits, ref_->LastLogits(long_prompt));
+    EXPECT_LT(long_diff, tol) << WeightDtypeName(dtype) << " long prompt";
+    std::printf("%s %s: %zu-token prefill, max |logit diff| / max(1, max |logit|) = %.3g\n",
+                GetParam().name.c_str(), std::string(WeightDtypeName(dtype)).c_str(),
+                long_prompt.size(), long_diff);
   }
 }
 

@@ -53,6 +53,20 @@ inline Reference Exact(const std::vector<float>& w, const std::vector<float>& x,
   return ref;
 }
 
+// Rows quantized by QuantizeInt8, and their values back in fp32.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> scales, values;
+};
+inline QuantizedRows Quantize(const std::vector<float>& w, int n, int k) {
+  QuantizedRows out{std::vector<int8_t>(w.size()),
+                    std::vector<float>(static_cast<size_t>(n * Int8Groups(k))),
+                    std::vector<float>(w.size())};
+  QuantizeInt8(w.data(), n, k, out.q.data(), out.scales.data());
+  DequantizeInt8(out.q.data(), out.scales.data(), n, k, out.values.data());
+  return out;
+}
+
 inline std::vector<Isa> IsasHere() {
   std::vector<Isa> isas;
   for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {

@@ -37,6 +37,8 @@ namespace {
 using testing_gemv::Exact;
 using testing_gemv::IsasHere;
 using testing_gemv::Normal;
+using testing_gemv::Quantize;
+using testing_gemv::QuantizedRows;
 using testing_gemv::Reference;
 
 const int kCols[] = {1, 7, 8, 13, 16, 31, 32, 33, 64, 65, 100, 777};
@@ -94,20 +96,6 @@ TEST(GemvTest, ManyVectorsGiveEachVectorsGemvExactly) {
       }
     }
   }
-}
-
-// Rows quantized by QuantizeInt8, and their values back in fp32.
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<float> scales, values;
-};
-QuantizedRows Quantize(const std::vector<float>& w, int n, int k) {
-  QuantizedRows out{std::vector<int8_t>(w.size()),
-                    std::vector<float>(static_cast<size_t>(n * Int8Groups(k))),
-                    std::vector<float>(w.size())};
-  QuantizeInt8(w.data(), n, k, out.q.data(), out.scales.data());
-  DequantizeInt8(out.q.data(), out.scales.data(), n, k, out.values.data());
-  return out;
 }
 
 // x as GemvInt8 and the int8 GEMM see it: each row rounded to 16 bits in
@@ -336,12 +324,15 @@ TEST(QuantizeActivations16Test, GivesTheBitsOfTheDefinition) {
 }
 
 // The stored matrix through WeightMatrix::MatMul (GEMV at m == 1, blocked
-// sgemm otherwise, 1 and 2 threads) gives the product of its own values (and
-// for int8, of x rounded to 16 bits).
+// sgemm or GEMVs of many vectors up to kManyGemvRows rows, the panel or int8
+// GEMM above; 1 and 2 threads, and 2 on a WorkPool) gives the product of its
+// own values (and for int8, of x rounded to 16 bits, or above kManyGemvRows
+// rows to 8).
 TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
   uint32_t seed = 200;
+  WorkPool pool(2);
   for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBf16, WeightDtype::kInt8}) {
-    for (int m : {1, 2, 5, 17}) {
+    for (int m : {1, 2, 5, 17, kManyGemvRows + 6}) {
       for (int n : {1, 7, 64, 131}) {
         for (int k : {1, 13, 96, 777}) {
           const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
@@ -351,11 +342,16 @@ TEST(WeightMatrixTest, MatMulOfEveryStorageMatchesItsValues) {
           ASSERT_EQ(mat.cols(), k);
           std::vector<float> stored(w.size());
           mat.RowsToFloat(0, n, stored.data());
-          const Reference ref =
-              Exact(stored, dtype == WeightDtype::kInt8 ? Rounded16(x, m, k) : x, m, n, k);
-          for (int threads : {1, 2}) {
+          const bool int8 = dtype == WeightDtype::kInt8;
+          const Reference ref = Exact(stored,
+                                      !int8               ? x
+                                      : m > kManyGemvRows ? RoundedActivations(x, m, k)
+                                                          : Rounded16(x, m, k),
+                                      m, n, k);
+          for (int threads : {1, 2, 3}) {
+            // threads 3: 2 on the pool.
             std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
-            mat.MatMul(x.data(), y.data(), m, threads);
+            mat.MatMul(x.data(), y.data(), m, std::min(threads, 2), threads == 3 ? &pool : nullptr);
             for (size_t i = 0; i < y.size(); ++i) {
               ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
                   << WeightDtypeName(dtype) << " m " << m << " n " << n << " k " << k << " threads "
@@ -379,7 +375,8 @@ TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
     const bool w8a8 = dtype == WeightDtype::kW8A8;
     std::vector<float> stored(w.size());
     mat.RowsToFloat(0, n, stored.data());
-    for (int m : {1, 16}) {
+    for (int m : {1, 16, kManyGemvRows + 1}) {
+      const bool x8 = w8a8 || m > kManyGemvRows;
       const std::vector<float> x = Normal(int64_t{m} * k, 301 + m);
       const Reference ref = Exact(w, x, m, n, k);
       std::vector<float> y(static_cast<size_t>(m) * n);
@@ -398,10 +395,11 @@ TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
               x_max = std::max(x_max, std::abs(xi[c]));
             }
             for (int c = begin; c < end; ++c) {
-              // int8 rounds x to 16 bits (max / 32767), w8a8 to 8 (max / 127).
+              // int8 rounds x to 16 bits (max / 32767) up to kManyGemvRows
+              // rows, to 8 above; w8a8 always to 8 (max / 127).
               bound +=
                   std::abs(double{xi[c]}) * (w_max / 127) / 2 +
-                  std::abs(double{stored[int64_t{r} * k + c]}) * (x_max / (w8a8 ? 127 : 32767)) / 2;
+                  std::abs(double{stored[int64_t{r} * k + c]}) * (x_max / (x8 ? 127 : 32767)) / 2;
             }
           }
           const int64_t at = int64_t{i} * n + r;
@@ -419,11 +417,13 @@ TEST(WeightMatrixTest, QuantizedMatMulIsWithinHalfAStepOfFp32) {
 
 // int8 and w8a8 through WeightMatrix::MatMul: the GEMV (m == 1) and the GEMM
 // (m > 1) both give the product of the stored weights and the rounded
-// activations (16-bit for int8, 8-bit for w8a8).
+// activations (16-bit for int8 up to kManyGemvRows rows, 8-bit for int8
+// above and for w8a8), without a pool (OpenMP) and on a WorkPool.
 TEST(WeightMatrixTest, Int8MatMulMatchesItsRoundedValues) {
   uint32_t seed = 250;
+  WorkPool pool(2);
   for (WeightDtype dtype : {WeightDtype::kInt8, WeightDtype::kW8A8}) {
-    for (int m : {1, 2, 17}) {
+    for (int m : {1, 2, 17, kManyGemvRows + 1, 70}) {
       for (int n : {1, 7, 64, 131}) {
         for (int k : {1, 13, 96, 777}) {
           const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
@@ -433,13 +433,13 @@ TEST(WeightMatrixTest, Int8MatMulMatchesItsRoundedValues) {
           ASSERT_EQ(mat.quantize_activations(), dtype == WeightDtype::kW8A8);
           std::vector<float> stored(w.size());
           mat.RowsToFloat(0, n, stored.data());
+          const bool x8 = dtype == WeightDtype::kW8A8 || m > kManyGemvRows;
           const Reference ref =
-              Exact(stored,
-                    dtype == WeightDtype::kW8A8 ? RoundedActivations(x, m, k) : Rounded16(x, m, k),
-                    m, n, k);
-          for (int threads : {1, 2}) {
+              Exact(stored, x8 ? RoundedActivations(x, m, k) : Rounded16(x, m, k), m, n, k);
+          for (int threads : {1, 2, 3}) {
+            // threads 3: 2 on the pool.
             std::vector<float> y(static_cast<size_t>(m) * n, std::nanf(""));
-            mat.MatMul(x.data(), y.data(), m, threads);
+            mat.MatMul(x.data(), y.data(), m, std::min(threads, 2), threads == 3 ? &pool : nullptr);
             for (size_t i = 0; i < y.size(); ++i) {
               ASSERT_LE(std::abs(y[i] - ref.y[i]), 2 * ref.bound[i])
                   << WeightDtypeName(dtype) << " m " << m << " n " << n << " k " << k << " threads "

@@ -412,11 +412,7 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
     const int64_t row_bytes = std::max<int64_t>(1, bytes() / rows_);
     const int chunk =
         static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
-    pool->ParallelFor((n + chunk - 1) / chunk, [&](int64_t c) {
-      const int first = static_cast<int>(c) * chunk;
-      rows(first, std::min(chunk, n - first));
-    });
-    return;
+    return SplitRows(m, chunk, num_threads, pool, rows);
   }
   // Blocks of rows, a multiple of 16, one per thread.
   const int threads = MatMulThreads(m, n, k, num_threads);

@@ -97,6 +97,29 @@ double Planner::PredictAt(Pool pool, absl::Time now, double load, int workers) c
   return LatencyModel::Predict(*fit, load / workers);
 }
 
+int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {
+  if (!o.prefill_tokens_per_busy_s.has_value() || !std::isfinite(*o.prefill_tokens_per_busy_s) ||
+      *o.prefill_tokens_per_busy_s <= 0 || !(load > 0)) {
+    return 0;
+  }
+  const double speed = *o.prefill_tokens_per_busy_s;
+  // One prompt's compute time, from the mean prompt of the window's
+  // requests; 0 while none has finished (then only a pool that cannot keep
+  // up at all, load >= its speed, is short).
+  double service_s = 0;
+  if (o.request_rate.has_value() && *o.request_rate > 0 && o.prompt_tokens_per_s.has_value()) {
+    service_s = *o.prompt_tokens_per_s / *o.request_rate / speed;
+  }
+  // A single queue's time in system, service / (1 - utilisation), within
+  // the scale-up target of the TTFT SLO.
+  const double target = options_.scale_up_target * options_.ttft_slo_s;
+  for (int n = std::max(1, lo); n <= hi; ++n) {
+    const double utilisation = load / (n * speed);
+    if (utilisation < 1 && service_s / (1 - utilisation) <= target) return n;
+  }
+  return hi + 1;
+}
+
 PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   PoolState& st = state_[pool];
   const absl::Time now = o.time;
@@ -160,6 +183,17 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   if (!fit.has_value()) {
     d.reason = breached ? Reason::kSloBreached : Reason::kNoModel;
     if (breached) want = current + 1;
+    // Before a curve exists, the workers' own step speed sizes the prefill
+    // pool upward (never down: that waits for measured latency).
+    if (prefill) {
+      const int needed = PriorPrefillSize(o, d.forecast_load, lo, hi);
+      if (needed > want) {
+        want = needed;
+        if (!breached) d.reason = Reason::kPredictedBreach;
+        absl::StrAppendFormat(&d.detail, "prior: %.4g tok/s per busy worker; ",
+                              *o.prefill_tokens_per_busy_s);
+      }
+    }
   } else {
     d.capacity_per_worker = LatencyModel::CapacityAt(*fit, options_.scale_up_target * slo);
     int needed = hi + 1;  // none within the maximum
@@ -205,7 +239,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     if (current <= lo) d.reason = Reason::kAtMin;
   }
   d.desired = want;
-  d.detail =
+  d.detail +=
       absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s forecast=%.1f", prefill ? "ttft" : "itl",
                       measured ? absl::StrFormat("%.4gs", *latency) : std::string("none"), *ready,
                       current, d.load, d.forecast_load);

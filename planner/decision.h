@@ -12,7 +12,10 @@
 //      joins its LatencyModel; the load joins its LoadForecast.
 //   3. Size. Load = max(now, forecast at `forecast_horizon`); the size is
 //      the least n whose predicted latency at load / n is within
-//      scale_up_target x SLO. An observed breach the model does not explain
+//      scale_up_target x SLO. Until the prefill pool has a curve, its
+//      workers' measured speed while computing stands in (a queue per
+//      worker: TTFT = prompt compute time / (1 - utilisation)), for
+//      scaling up only. An observed breach the model does not explain
 //      adds one worker anyway, and so does a decode KV cache above
 //      kv_usage_high (it refuses requests before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
@@ -142,6 +145,12 @@ class Planner {
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
   PoolDecision Want(Pool pool, const Observation& o, int current);
+  // Before the prefill pool has a curve: the least size in [lo, hi] (hi + 1
+  // when none) whose predicted TTFT at `load` is within scale_up_target x
+  // SLO, from the workers' measured speed while computing
+  // (Observation::prefill_tokens_per_busy_s) and a single queue per worker;
+  // 0 when that speed is not known.
+  int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 

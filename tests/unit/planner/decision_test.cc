@@ -228,6 +228,63 @@ TEST(PlannerDecisionTest, UnmeasuredLatencyUnderLoadIsNoGroundToScaleDown) {
   }
 }
 
+TEST(PlannerDecisionTest, BeforeACurveTheWorkersStepSpeedSizesThePrefillPoolUpOnly) {
+  // The first seconds of load: too few TTFTs to measure, so no curve yet;
+  // the prefill workers computed 500 prompt tokens per second of step time
+  // and prompts average 250 tokens (0.5 s each). TTFT SLO 2 s, target 0.8.
+  PlannerOptions options = TestOptions();
+  options.max_step_up = 4;
+  const absl::Time t = absl::FromUnixSeconds(1700000000);
+  auto observe = [&](double load, double busy_speed, PerPool<int> sizes) {
+    Observation o = Observe(t, Truth{}, Demand{load, 10}, sizes);
+    o.ttft_count = 2;  // below min_ttft_count: not measured
+    o.request_rate = load / 250;
+    o.prefill_tokens_per_busy_s = busy_speed;
+    return o;
+  };
+  {
+    // 800 tok/s: 1 worker cannot keep up; 2 at utilisation 0.8 predict
+    // 0.5 / 0.2 = 2.5 s; 3 at 0.53 predict 1.07 s <= 1.6 s.
+    Planner planner(options);
+    Decision d = planner.Decide(observe(800, 500, {1, 1}), {1, 1});
+    EXPECT_EQ(d.pools.prefill.desired, 3);
+    EXPECT_EQ(d.pools.prefill.reason, Reason::kPredictedBreach);
+    EXPECT_NE(d.pools.prefill.detail.find("prior: 500 tok/s"), std::string::npos)
+        << d.pools.prefill.detail;
+  }
+  {
+    // Before any request has finished the prompt's size is unknown: only a
+    // pool whose load reaches its speed is short.
+    Planner planner(options);
+    Observation o = observe(800, 500, {1, 1});
+    o.request_rate = 0;
+    EXPECT_EQ(planner.Decide(o, {1, 1}).pools.prefill.desired, 2);
+  }
+  {
+    // 100 tok/s: one worker at utilisation 0.2 predicts 0.63 s: holds.
+    Planner planner(options);
+    Decision d = planner.Decide(observe(100, 500, {1, 1}), {1, 1});
+    EXPECT_EQ(d.pools.prefill.desired, 1);
+    EXPECT_EQ(d.pools.prefill.reason, Reason::kNoModel);
+  }
+  {
+    // The same light load on 3 workers: the prior never shrinks a pool.
+    Planner planner(options);
+    EXPECT_EQ(planner.Decide(observe(100, 500, {3, 1}), {3, 1}).pools.prefill.desired, 3);
+  }
+  {
+    // No step in the window (NaN) or no step histogram (absent): no prior.
+    for (std::optional<double> speed : {std::optional<double>(kNaN), std::optional<double>()}) {
+      Planner planner(options);
+      Observation o = observe(800, 500, {1, 1});
+      o.prefill_tokens_per_busy_s = speed;
+      Decision d = planner.Decide(o, {1, 1});
+      EXPECT_EQ(d.pools.prefill.desired, 1);
+      EXPECT_EQ(d.pools.prefill.reason, Reason::kNoModel);
+    }
+  }
+}
+
 TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // Load needs 3 decode workers; from interval 40 on the ITL series is
   // absent, from 60 on no scrape answers at all, and the demand collapses

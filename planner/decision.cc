@@ -97,10 +97,10 @@ double Planner::PredictAt(Pool pool, absl::Time now, double load, int workers) c
   return LatencyModel::Predict(*fit, load / workers);
 }
 
-int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {
+double Planner::PriorPrefillTtft(const Observation& o, double load, int workers) const {
   if (!o.prefill_tokens_per_busy_s.has_value() || !std::isfinite(*o.prefill_tokens_per_busy_s) ||
-      *o.prefill_tokens_per_busy_s <= 0 || !(load > 0)) {
-    return 0;
+      *o.prefill_tokens_per_busy_s <= 0 || !(load > 0) || workers <= 0) {
+    return kNaN;
   }
   const double speed = *o.prefill_tokens_per_busy_s;
   // One prompt's compute time, from the mean prompt of the window's
@@ -110,12 +110,15 @@ int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi)
   if (o.request_rate.has_value() && *o.request_rate > 0 && o.prompt_tokens_per_s.has_value()) {
     service_s = *o.prompt_tokens_per_s / *o.request_rate / speed;
   }
-  // A single queue's time in system, service / (1 - utilisation), within
-  // the scale-up target of the TTFT SLO.
-  const double target = options_.scale_up_target * options_.ttft_slo_s;
+  // A single queue's time in system: service / (1 - utilisation).
+  const double utilisation = load / (workers * speed);
+  return utilisation < 1 ? service_s / (1 - utilisation) : kInf;
+}
+
+int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {
+  if (std::isnan(PriorPrefillTtft(o, load, 1))) return 0;
   for (int n = std::max(1, lo); n <= hi; ++n) {
-    const double utilisation = load / (n * speed);
-    if (utilisation < 1 && service_s / (1 - utilisation) <= target) return n;
+    if (PriorPrefillTtft(o, load, n) <= options_.scale_up_target * options_.ttft_slo_s) return n;
   }
   return hi + 1;
 }
@@ -218,9 +221,13 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
       // Under load, only a measured latency is evidence; an idle pool may shrink.
       const bool observed_ok =
           measured ? *latency <= options_.scale_down_target * slo : d.forecast_load == 0;
+      // The workers' measured speed vetoes a curve fitted from too narrow
+      // a range of loads: the remaining workers must not be near saturation.
+      const double prior = prefill ? PriorPrefillTtft(o, d.forecast_load, fewer) : kNaN;
+      const bool prior_ok = std::isnan(prior) || prior <= options_.scale_down_target * slo;
       const bool known_load =
           per_worker <= options_.extrapolation_limit * fit->max_observed_x || d.forecast_load == 0;
-      if (predicted_ok && observed_ok && known_load) {
+      if (predicted_ok && observed_ok && known_load && prior_ok) {
         want = fewer;
         d.reason = Reason::kSpareCapacity;
       }

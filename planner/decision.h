@@ -15,9 +15,10 @@
 //      scale_up_target x SLO. Until the prefill pool has a curve, its
 //      workers' measured speed while computing stands in (a queue per
 //      worker: TTFT = prompt compute time / (1 - utilisation)), for
-//      scaling up only. An observed breach the model does not explain
-//      adds one worker anyway, and so does a decode KV cache above
-//      kv_usage_high (it refuses requests before it slows them).
+//      scaling up only; later it vetoes a scale-down the curve allows but
+//      the measured speed does not (a curve fitted at one load only). An observed breach the model
+//      does not explain adds one worker anyway, and so does a decode KV cache above kv_usage_high
+//      (it refuses requests before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
@@ -151,6 +152,10 @@ class Planner {
   // (Observation::prefill_tokens_per_busy_s) and a single queue per worker;
   // 0 when that speed is not known.
   int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
+  // That prediction for `workers` workers (NaN: speed or load unknown; inf:
+  // the load reaches their speed). It also vetoes a scale-down of the
+  // prefill pool that it predicts above scale_down_target x SLO.
+  double PriorPrefillTtft(const Observation& o, double load, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 

@@ -285,6 +285,32 @@ TEST(PlannerDecisionTest, BeforeACurveTheWorkersStepSpeedSizesThePrefillPoolUpOn
   }
 }
 
+TEST(PlannerDecisionTest, TheWorkersStepSpeedVetoesAScaleDownTheCurveAllows) {
+  // Two prefill workers at 150 prompt tokens/s each: the curve, fitted at
+  // that one load, predicts 0.71 s for one worker at 300 tok/s, within the
+  // scale-down target (0.6 x 2 s). The workers' measured speed decides: at
+  // 5000 tok/s of step time one worker is lightly used and the pool
+  // shrinks; at 350 (utilisation 0.86, 250-token prompts at 0.71 s each:
+  // 5 s predicted) it keeps both.
+  for (const auto& [speed, expect] : {std::pair{5000.0, 1}, std::pair{350.0, 2}}) {
+    Planner planner(TestOptions());
+    const absl::Time t0 = absl::FromUnixSeconds(1700000000);
+    PerPool<int> sizes{2, 1};
+    for (int i = 0; i < 30; ++i) {
+      const absl::Time t = t0 + absl::Seconds(10 * i);
+      Observation o = Observe(t, Truth{}, Demand{300, 10}, sizes);
+      o.request_rate = 300.0 / 250;
+      o.prefill_tokens_per_busy_s = speed;
+      Decision d = planner.Decide(o, sizes);
+      if (d.pools.prefill.desired != sizes.prefill) {
+        sizes.prefill = d.pools.prefill.desired;
+        planner.Applied(Pool::kPrefill, sizes.prefill, t);
+      }
+    }
+    EXPECT_EQ(sizes.prefill, expect) << "speed " << speed;
+  }
+}
+
 TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // Load needs 3 decode workers; from interval 40 on the ITL series is
   // absent, from 60 on no scrape answers at all, and the demand collapses

@@ -68,6 +68,9 @@ absl::Status PlannerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "want 0 < scale_down_target < scale_up_target <= 1 (the dead band between them)");
   }
+  if (!(latency_quantile > 0 && latency_quantile < 1)) {
+    return absl::InvalidArgumentError("want 0 < latency_quantile < 1");
+  }
   if (!(kv_usage_high > 0 && kv_usage_high <= 1)) {
     return absl::InvalidArgumentError("want 0 < kv_usage_high <= 1");
   }
@@ -110,9 +113,11 @@ double Planner::PriorPrefillTtft(const Observation& o, double load, int workers)
   if (o.request_rate.has_value() && *o.request_rate > 0 && o.prompt_tokens_per_s.has_value()) {
     service_s = *o.prompt_tokens_per_s / *o.request_rate / speed;
   }
-  // A single queue's time in system: service / (1 - utilisation).
+  // A single queue (M/M/1): the time in system is exponential with mean
+  // service / (1 - utilisation); its quantile q is -ln(1 - q) x the mean.
   const double utilisation = load / (workers * speed);
-  return utilisation < 1 ? service_s / (1 - utilisation) : kInf;
+  if (utilisation >= 1) return kInf;
+  return -std::log1p(-options_.latency_quantile) * service_s / (1 - utilisation);
 }
 
 int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {

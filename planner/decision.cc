@@ -68,6 +68,9 @@ absl::Status PlannerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "want 0 < scale_down_target < scale_up_target <= 1 (the dead band between them)");
   }
+  if (!(latency_quantile > 0 && latency_quantile < 1)) {
+    return absl::InvalidArgumentError("want 0 < latency_quantile < 1");
+  }
   if (!(kv_usage_high > 0 && kv_usage_high <= 1)) {
     return absl::InvalidArgumentError("want 0 < kv_usage_high <= 1");
   }
@@ -95,6 +98,34 @@ double Planner::PredictAt(Pool pool, absl::Time now, double load, int workers) c
   if (!fit.has_value()) return kNaN;
   if (workers <= 0) return kInf;
   return LatencyModel::Predict(*fit, load / workers);
+}
+
+double Planner::PriorPrefillTtft(const Observation& o, double load, int workers) const {
+  if (!o.prefill_tokens_per_busy_s.has_value() || !std::isfinite(*o.prefill_tokens_per_busy_s) ||
+      *o.prefill_tokens_per_busy_s <= 0 || !(load > 0) || workers <= 0) {
+    return kNaN;
+  }
+  const double speed = *o.prefill_tokens_per_busy_s;
+  // One prompt's compute time, from the mean prompt of the window's
+  // requests; 0 while none has finished (then only a pool that cannot keep
+  // up at all, load >= its speed, is short).
+  double service_s = 0;
+  if (o.request_rate.has_value() && *o.request_rate > 0 && o.prompt_tokens_per_s.has_value()) {
+    service_s = *o.prompt_tokens_per_s / *o.request_rate / speed;
+  }
+  // A single queue (M/M/1): the time in system is exponential with mean
+  // service / (1 - utilisation); its quantile q is -ln(1 - q) x the mean.
+  const double utilisation = load / (workers * speed);
+  if (utilisation >= 1) return kInf;
+  return -std::log1p(-options_.latency_quantile) * service_s / (1 - utilisation);
+}
+
+int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {
+  if (std::isnan(PriorPrefillTtft(o, load, 1))) return 0;
+  for (int n = std::max(1, lo); n <= hi; ++n) {
+    if (PriorPrefillTtft(o, load, n) <= options_.scale_up_target * options_.ttft_slo_s) return n;
+  }
+  return hi + 1;
 }
 
 PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
@@ -160,6 +191,17 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   if (!fit.has_value()) {
     d.reason = breached ? Reason::kSloBreached : Reason::kNoModel;
     if (breached) want = current + 1;
+    // Before a curve exists, the workers' own step speed sizes the prefill
+    // pool upward (never down: that waits for measured latency).
+    if (prefill) {
+      const int needed = PriorPrefillSize(o, d.forecast_load, lo, hi);
+      if (needed > want) {
+        want = needed;
+        if (!breached) d.reason = Reason::kPredictedBreach;
+        absl::StrAppendFormat(&d.detail, "prior: %.4g tok/s per busy worker; ",
+                              *o.prefill_tokens_per_busy_s);
+      }
+    }
   } else {
     d.capacity_per_worker = LatencyModel::CapacityAt(*fit, options_.scale_up_target * slo);
     int needed = hi + 1;  // none within the maximum
@@ -184,9 +226,13 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
       // Under load, only a measured latency is evidence; an idle pool may shrink.
       const bool observed_ok =
           measured ? *latency <= options_.scale_down_target * slo : d.forecast_load == 0;
+      // The workers' measured speed vetoes a curve fitted from too narrow
+      // a range of loads: the remaining workers must not be near saturation.
+      const double prior = prefill ? PriorPrefillTtft(o, d.forecast_load, fewer) : kNaN;
+      const bool prior_ok = std::isnan(prior) || prior <= options_.scale_down_target * slo;
       const bool known_load =
           per_worker <= options_.extrapolation_limit * fit->max_observed_x || d.forecast_load == 0;
-      if (predicted_ok && observed_ok && known_load) {
+      if (predicted_ok && observed_ok && known_load && prior_ok) {
         want = fewer;
         d.reason = Reason::kSpareCapacity;
       }
@@ -205,7 +251,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     if (current <= lo) d.reason = Reason::kAtMin;
   }
   d.desired = want;
-  d.detail =
+  d.detail +=
       absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s forecast=%.1f", prefill ? "ttft" : "itl",
                       measured ? absl::StrFormat("%.4gs", *latency) : std::string("none"), *ready,
                       current, d.load, d.forecast_load);

@@ -12,9 +12,14 @@
 //      joins its LatencyModel; the load joins its LoadForecast.
 //   3. Size. Load = max(now, forecast at `forecast_horizon`); the size is
 //      the least n whose predicted latency at load / n is within
-//      scale_up_target x SLO. An observed breach the model does not explain
-//      adds one worker anyway, and so does a decode KV cache above
-//      kv_usage_high (it refuses requests before it slows them).
+//      scale_up_target x SLO. Until the prefill pool has a curve, its
+//      workers' measured speed while computing stands in (a queue per
+//      worker: TTFT exponential with mean prompt compute time / (1 -
+//      utilisation), so its quantile q is -ln(1 - q) times that), for
+//      scaling up only; later it vetoes a scale-down the curve allows but
+//      the measured speed does not (a curve fitted at one load only). An observed breach the model
+//      does not explain adds one worker anyway, and so does a decode KV cache above kv_usage_high
+//      (it refuses requests before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
@@ -45,8 +50,9 @@
 namespace pdserve::planner {
 
 struct PlannerOptions {
-  double ttft_slo_s = 2.0;  // on the router's TTFT quantile
-  double itl_slo_s = 0.1;   // on the router's ITL quantile
+  double ttft_slo_s = 2.0;        // on the router's TTFT quantile
+  double itl_slo_s = 0.1;         // on the router's ITL quantile
+  double latency_quantile = 0.9;  // the quantile both SLOs are stated for
   PerPool<int> min_workers{1, 1};
   PerPool<int> max_workers{8, 8};
   int max_total_workers = 0;  // over both pools; 0: no budget
@@ -142,6 +148,17 @@ class Planner {
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
   PoolDecision Want(Pool pool, const Observation& o, int current);
+  // Before the prefill pool has a curve: the least size in [lo, hi] (hi + 1
+  // when none) whose predicted TTFT at `load` is within scale_up_target x
+  // SLO, from the workers' measured speed while computing
+  // (Observation::prefill_tokens_per_busy_s) and a single queue per worker;
+  // 0 when that speed is not known.
+  int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
+  // That prediction (of the latency_quantile of TTFT) for `workers`
+  // workers (NaN: speed or load unknown; inf:
+  // the load reaches their speed). It also vetoes a scale-down of the
+  // prefill pool that it predicts above scale_down_target x SLO.
+  double PriorPrefillTtft(const Observation& o, double load, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 

@@ -107,6 +107,7 @@ std::vector<std::string> List(const std::string& csv) {
 absl::StatusOr<PlannerOptions> OptionsFromFlags() {
   PlannerOptions o;
   o.ttft_slo_s = absl::GetFlag(FLAGS_ttft_slo);
+  o.latency_quantile = absl::GetFlag(FLAGS_latency_quantile);
   o.itl_slo_s = absl::GetFlag(FLAGS_itl_slo);
   o.min_workers = {absl::GetFlag(FLAGS_min_prefill), absl::GetFlag(FLAGS_min_decode)};
   o.max_workers = {absl::GetFlag(FLAGS_max_prefill), absl::GetFlag(FLAGS_max_decode)};

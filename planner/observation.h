@@ -58,6 +58,11 @@ struct Observation {
   // pool), decode sequences held (running + waiting for KV, summed), and the
   // decode pool's mean KV-cache usage ratio.
   std::optional<double> prefill_queued_tokens;
+  // Prefill pool, over the window: prompt tokens computed per second of
+  // step wall time, summed over its workers' steps: how fast one worker
+  // prefills while it computes (queueing excluded). NaN when no step ran in
+  // the window (nothing to measure: a value, not an absence).
+  std::optional<double> prefill_tokens_per_busy_s;
   std::optional<double> decode_sequences;
   std::optional<double> decode_kv_usage;
   // Workers per pool registered with the router (serving now).

@@ -88,12 +88,14 @@ void PlannerMetrics::Record(const Decision& d, const Observation& o,
                ? *tokens / *o.request_rate
                : std::nan("");
   };
-  for (const auto& [name, v] : {std::pair{"request_rate", value(o.request_rate)},
-                                std::pair{"mean_prompt_tokens", per_request(o.prompt_tokens_per_s)},
-                                std::pair{"mean_output_tokens", per_request(o.output_tokens_per_s)},
-                                std::pair{"queued_prompt_tokens", value(o.prefill_queued_tokens)},
-                                std::pair{"decode_sequences", value(o.decode_sequences)},
-                                std::pair{"decode_kv_usage", value(o.decode_kv_usage)}}) {
+  for (const auto& [name, v] :
+       {std::pair{"request_rate", value(o.request_rate)},
+        std::pair{"mean_prompt_tokens", per_request(o.prompt_tokens_per_s)},
+        std::pair{"mean_output_tokens", per_request(o.output_tokens_per_s)},
+        std::pair{"queued_prompt_tokens", value(o.prefill_queued_tokens)},
+        std::pair{"prefill_tokens_per_busy_second", value(o.prefill_tokens_per_busy_s)},
+        std::pair{"decode_sequences", value(o.decode_sequences)},
+        std::pair{"decode_kv_usage", value(o.decode_kv_usage)}}) {
     input.Add({{"name", name}}).Set(v);
   }
   for (Pool pool : kPools) {

@@ -74,6 +74,10 @@ PrometheusQueries MakeQueries(const PrometheusSourceOptions& o) {
       .prompt_tokens = rate(kPromptTokensMetric),
       .output_tokens = rate(kGenerationTokensMetric),
       .queued_tokens = absl::StrCat("sum(", kQueuedTokensMetric, prefill, ")"),
+      // Prompt tokens per second of step time (NaN with no step in the window).
+      .prefill_busy_rate =
+          absl::StrCat("sum(rate(", kPrefillBatchTokensMetric, "_sum", prefill, w, ")) / sum(rate(",
+                       kPrefillStepSecondsMetric, "_sum", prefill, w, "))"),
       .decode_sequences = absl::StrCat("sum(", kRunningSequencesMetric, decode, ") + sum(",
                                        kWaitingKvSequencesMetric, decode, ")"),
       .kv_usage = absl::StrCat("avg(", kKvUsageMetric, decode, ")"),
@@ -124,6 +128,7 @@ Observation PrometheusSource::Read(absl::Time now) {
   o.prompt_tokens_per_s = scalar(queries_.prompt_tokens);
   o.output_tokens_per_s = scalar(queries_.output_tokens);
   o.prefill_queued_tokens = scalar(queries_.queued_tokens);
+  o.prefill_tokens_per_busy_s = scalar(queries_.prefill_busy_rate);
   o.decode_sequences = scalar(queries_.decode_sequences);
   o.decode_kv_usage = scalar(queries_.kv_usage);
   absl::StatusOr<std::string> body = query_(queries_.pool_workers);

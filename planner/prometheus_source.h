@@ -27,7 +27,7 @@ struct PrometheusSourceOptions {
 // The PromQL the source sends, by field (tests and docs show them).
 struct PrometheusQueries {
   std::string ttft, ttft_count, itl, itl_count, request_rate, prompt_tokens, output_tokens,
-      queued_tokens, decode_sequences, kv_usage, pool_workers;
+      queued_tokens, prefill_busy_rate, decode_sequences, kv_usage, pool_workers;
 };
 PrometheusQueries MakeQueries(const PrometheusSourceOptions& options);
 

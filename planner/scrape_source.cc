@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -157,6 +158,26 @@ const ScrapeSource::Scrape* ScrapeSource::Baseline(const std::deque<Scrape>& his
   return best;
 }
 
+std::optional<double> ScrapeSource::BusyRate(const std::vector<const std::deque<Scrape>*>& pool,
+                                             absl::Time now) const {
+  const std::string tokens = absl::StrCat(kPrefillBatchTokensMetric, "_sum");
+  const std::string seconds = absl::StrCat(kPrefillStepSecondsMetric, "_sum");
+  double computed = 0, busy = 0;
+  for (const auto* h : pool) {
+    const Scrape* base = Baseline(*h, now);
+    if (base == nullptr) continue;  // a worker seen once has no window yet
+    bool found_tokens = false, found_seconds = false;
+    const double t1 = SumOf(h->back().samples, tokens, {}, &found_tokens);
+    const double s1 = SumOf(h->back().samples, seconds, {}, &found_seconds);
+    if (!found_tokens || !found_seconds) return std::nullopt;
+    const double t0 = SumOf(base->samples, tokens), s0 = SumOf(base->samples, seconds);
+    const bool restarted = t1 < t0 || s1 < s0;  // counts from zero
+    computed += restarted ? t1 : t1 - t0;
+    busy += restarted ? s1 : s1 - s0;
+  }
+  return busy > 0 ? computed / busy : std::numeric_limits<double>::quiet_NaN();
+}
+
 Observation ScrapeSource::Read(absl::Time now) {
   Observation o{.time = now};
   absl::StatusOr<ScrapeTargets> targets = discovery_();
@@ -264,7 +285,10 @@ Observation ScrapeSource::Read(absl::Time now) {
     for (const auto* h : by_role[role]) out.push_back(&h->back().samples);
     return out;
   };
-  if (complete["prefill"]) o.prefill_queued_tokens = SumNow(latest("prefill"), kQueuedTokensMetric);
+  if (complete["prefill"]) {
+    o.prefill_queued_tokens = SumNow(latest("prefill"), kQueuedTokensMetric);
+    o.prefill_tokens_per_busy_s = BusyRate(by_role["prefill"], now);
+  }
   if (complete["decode"]) {
     const auto decode = latest("decode");
     std::optional<double> running = SumNow(decode, kRunningSequencesMetric);

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,12 @@ class ScrapeSource final : public MetricsSource {
   // The target's scrape nearest to `now - window` (at most that old when
   // possible), or none when it has only the latest.
   const Scrape* Baseline(const std::deque<Scrape>& history, absl::Time now) const;
+
+  // The prefill pool's prompt tokens per second of step time over the
+  // window (Observation::prefill_tokens_per_busy_s); none when a worker
+  // does not export the step histograms.
+  std::optional<double> BusyRate(const std::vector<const std::deque<Scrape>*>& pool,
+                                 absl::Time now) const;
 
   ScrapeSourceOptions options_;
   TargetDiscovery discovery_;

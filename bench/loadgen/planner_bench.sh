@@ -132,13 +132,14 @@ python3 "$root/bench/loadgen/planner_report.py" --out "$out" --ttft_slo "$ttft_s
   --phases "$(for p in "${phases[@]}"; do echo "$p"; done | cut -d' ' -f1 | tr '\n' ' ')" \
   --setups "$setups" --rounds "$rounds"
 plotted=0
-for py in python3 /usr/bin/python3; do
+case " $setups " in *" planner "*) ;; *) plotted=2 ;; esac  # no planner: nothing to plot
+[ $plotted = 2 ] || for py in python3 /usr/bin/python3; do
   if "$py" -c "import matplotlib" 2>/dev/null; then
     "$py" "$root/bench/loadgen/planner_plot.py" --out "$out" --rounds "$rounds" --phase_s "$phase_s"
     plotted=1
     break
   fi
 done
-[ $plotted = 1 ] || echo "no python3 with matplotlib (Debian: apt-get install python3-matplotlib): no plot"
+[ $plotted != 0 ] || echo "no python3 with matplotlib (Debian: apt-get install python3-matplotlib): no plot"
 
 echo "results: $out/results.md"

@@ -228,6 +228,90 @@ TEST(PlannerDecisionTest, UnmeasuredLatencyUnderLoadIsNoGroundToScaleDown) {
   }
 }
 
+TEST(PlannerDecisionTest, BeforeACurveTheWorkersStepSpeedSizesThePrefillPoolUpOnly) {
+  // The first seconds of load: too few TTFTs to measure, so no curve yet;
+  // the prefill workers computed 1000 prompt tokens per second of step time
+  // and prompts average 250 tokens (0.25 s each). TTFT SLO 2 s on p90,
+  // target 0.8: p90 = ln(10) x 0.25 / (1 - utilisation) <= 1.6 s.
+  PlannerOptions options = TestOptions();
+  options.max_step_up = 4;
+  const absl::Time t = absl::FromUnixSeconds(1700000000);
+  auto observe = [&](double load, double busy_speed, PerPool<int> sizes) {
+    Observation o = Observe(t, Truth{}, Demand{load, 10}, sizes);
+    o.ttft_count = 2;  // below min_ttft_count: not measured
+    o.request_rate = load / 250;
+    o.prefill_tokens_per_busy_s = busy_speed;
+    return o;
+  };
+  {
+    // 1600 tok/s: 1 worker cannot keep up; 2 at utilisation 0.8 predict
+    // 2.88 s; 3 at 0.53 predict 1.23 s.
+    Planner planner(options);
+    Decision d = planner.Decide(observe(1600, 1000, {1, 1}), {1, 1});
+    EXPECT_EQ(d.pools.prefill.desired, 3);
+    EXPECT_EQ(d.pools.prefill.reason, Reason::kPredictedBreach);
+    EXPECT_NE(d.pools.prefill.detail.find("prior: 1000 tok/s"), std::string::npos)
+        << d.pools.prefill.detail;
+  }
+  {
+    // Before any request has finished the prompt's size is unknown: only a
+    // pool whose load reaches its speed is short.
+    Planner planner(options);
+    Observation o = observe(1600, 1000, {1, 1});
+    o.request_rate = 0;
+    EXPECT_EQ(planner.Decide(o, {1, 1}).pools.prefill.desired, 2);
+  }
+  {
+    // 100 tok/s: one worker at utilisation 0.1 predicts 0.64 s: holds.
+    Planner planner(options);
+    Decision d = planner.Decide(observe(100, 1000, {1, 1}), {1, 1});
+    EXPECT_EQ(d.pools.prefill.desired, 1);
+    EXPECT_EQ(d.pools.prefill.reason, Reason::kNoModel);
+  }
+  {
+    // The same light load on 3 workers: the prior never shrinks a pool.
+    Planner planner(options);
+    EXPECT_EQ(planner.Decide(observe(100, 1000, {3, 1}), {3, 1}).pools.prefill.desired, 3);
+  }
+  {
+    // No step in the window (NaN) or no step histogram (absent): no prior.
+    for (std::optional<double> speed : {std::optional<double>(kNaN), std::optional<double>()}) {
+      Planner planner(options);
+      Observation o = observe(1600, 1000, {1, 1});
+      o.prefill_tokens_per_busy_s = speed;
+      Decision d = planner.Decide(o, {1, 1});
+      EXPECT_EQ(d.pools.prefill.desired, 1);
+      EXPECT_EQ(d.pools.prefill.reason, Reason::kNoModel);
+    }
+  }
+}
+
+TEST(PlannerDecisionTest, TheWorkersStepSpeedVetoesAScaleDownTheCurveAllows) {
+  // Two prefill workers at 150 prompt tokens/s each: the curve, fitted at
+  // that one load, predicts 0.71 s for one worker at 300 tok/s, within the
+  // scale-down target (0.6 x 2 s). The workers' measured speed decides: at
+  // 5000 tok/s of step time one worker is lightly used and the pool
+  // shrinks; at 350 (utilisation 0.86, 250-token prompts at 0.71 s each:
+  // p90 11.5 s predicted) it keeps both.
+  for (const auto& [speed, expect] : {std::pair{5000.0, 1}, std::pair{350.0, 2}}) {
+    Planner planner(TestOptions());
+    const absl::Time t0 = absl::FromUnixSeconds(1700000000);
+    PerPool<int> sizes{2, 1};
+    for (int i = 0; i < 30; ++i) {
+      const absl::Time t = t0 + absl::Seconds(10 * i);
+      Observation o = Observe(t, Truth{}, Demand{300, 10}, sizes);
+      o.request_rate = 300.0 / 250;
+      o.prefill_tokens_per_busy_s = speed;
+      Decision d = planner.Decide(o, sizes);
+      if (d.pools.prefill.desired != sizes.prefill) {
+        sizes.prefill = d.pools.prefill.desired;
+        planner.Applied(Pool::kPrefill, sizes.prefill, t);
+      }
+    }
+    EXPECT_EQ(sizes.prefill, expect) << "speed " << speed;
+  }
+}
+
 TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // Load needs 3 decode workers; from interval 40 on the ITL series is
   // absent, from 60 on no scrape answers at all, and the demand collapses

@@ -51,7 +51,11 @@ TEST(ScrapeSourceTest, RatesAndQuantilesOverTheWindow) {
                         return it->second;
                       });
   pages["127.0.0.1:1"] = Router(10, 10, 0, 100, 1000, 500, 1, 2);
-  pages["127.0.0.1:2"] = "pdserve_prefill_queued_tokens 300\n";
+  auto prefill_page = [](double computed, double step_seconds) {
+    return absl::StrCat("pdserve_prefill_queued_tokens 300\npdserve_prefill_batch_tokens_sum ",
+                        computed, "\npdserve_prefill_step_seconds_sum ", step_seconds, "\n");
+  };
+  pages["127.0.0.1:2"] = prefill_page(1000, 3);
   pages["127.0.0.1:3"] =
       "pdserve_decode_running_sequences 4\npdserve_decode_waiting_kv_sequences 1\n"
       "pdserve_kv_cache_usage_ratio 0.5\n";
@@ -64,10 +68,14 @@ TEST(ScrapeSourceTest, RatesAndQuantilesOverTheWindow) {
   EXPECT_DOUBLE_EQ(*first.prefill_queued_tokens, 300);
   EXPECT_DOUBLE_EQ(*first.decode_sequences, 7);
   EXPECT_DOUBLE_EQ(*first.decode_kv_usage, 0.375);
+  ASSERT_TRUE(first.prefill_tokens_per_busy_s.has_value());
+  EXPECT_TRUE(std::isnan(*first.prefill_tokens_per_busy_s)) << "one scrape is no window";
 
   // 10 s later: 20 more requests, all slow; 2000 prompt tokens, 1000 generated.
   pages["127.0.0.1:1"] = Router(30, 10, 20, 300, 3000, 1500, 1, 2);
+  pages["127.0.0.1:2"] = prefill_page(3000, 7);  // 2000 tokens in 4 s of steps
   Observation o = source.Read(kT0 + absl::Seconds(10));
+  EXPECT_DOUBLE_EQ(*o.prefill_tokens_per_busy_s, 500);
   ASSERT_TRUE(o.ttft_s.has_value());
   EXPECT_DOUBLE_EQ(*o.ttft_count, 20);
   EXPECT_NEAR(*o.ttft_s, 1.9, 1e-9);  // all 20 in (1, 2]: p90 interpolates to 1.9
@@ -82,6 +90,7 @@ TEST(ScrapeSourceTest, RatesAndQuantilesOverTheWindow) {
   EXPECT_TRUE(std::isnan(*idle.ttft_s));
   EXPECT_DOUBLE_EQ(*idle.ttft_count, 0);
   EXPECT_DOUBLE_EQ(*idle.prompt_tokens_per_s, 0);
+  EXPECT_TRUE(std::isnan(*idle.prefill_tokens_per_busy_s)) << "no step: nothing to measure";
 
   // A decode worker stops answering: decode's gauges are absent, the rest stays.
   pages.erase("127.0.0.1:4");
@@ -121,6 +130,10 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
             "{job=\"router\",namespace=\"pdserve\"}[60s])))");
   EXPECT_EQ(q.queued_tokens,
             "sum(pdserve_prefill_queued_tokens{job=\"prefill\",namespace=\"pdserve\"})");
+  EXPECT_EQ(q.prefill_busy_rate,
+            "sum(rate(pdserve_prefill_batch_tokens_sum{job=\"prefill\",namespace=\"pdserve\"}"
+            "[60s])) / sum(rate(pdserve_prefill_step_seconds_sum{job=\"prefill\","
+            "namespace=\"pdserve\"}[60s]))");
   auto vector = [](const std::string& samples) {
     return absl::StrCat(R"({"status":"success","data":{"resultType":"vector","result":[)", samples,
                         "]}}");
@@ -137,6 +150,7 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
       {q.prompt_tokens, one("250")},
       {q.output_tokens, one("0")},
       {q.queued_tokens, vector("")},  // no series: absent
+      {q.prefill_busy_rate, one("480")},
       {q.decode_sequences, one("3")},
       {q.kv_usage, one("0.2")},
       {q.pool_workers, vector(R"({"metric":{"pool":"prefill"},"value":[1,"2"]},)"
@@ -153,6 +167,7 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
   EXPECT_TRUE(std::isnan(*o.itl_s));
   EXPECT_DOUBLE_EQ(*o.prompt_tokens_per_s, 250);
   EXPECT_FALSE(o.prefill_queued_tokens.has_value());
+  EXPECT_DOUBLE_EQ(*o.prefill_tokens_per_busy_s, 480);
   EXPECT_EQ(o.ready_workers.prefill, 2);
   EXPECT_EQ(o.ready_workers.decode, 1);
 

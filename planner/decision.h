@@ -17,9 +17,10 @@
 //      worker: TTFT exponential with mean prompt compute time / (1 -
 //      utilisation), so its quantile q is -ln(1 - q) times that), for
 //      scaling up only; later it vetoes a scale-down the curve allows but
-//      the measured speed does not (a curve fitted at one load only). An observed breach the model
-//      does not explain adds one worker anyway, and so does a decode KV cache above kv_usage_high
-//      (it refuses requests before it slows them).
+//      the measured speed does not (a curve fitted at one load only). An
+//      observed breach the model does not explain adds one worker anyway,
+//      and so does a decode KV cache above kv_usage_high (it refuses
+//      requests before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
@@ -155,9 +156,9 @@ class Planner {
   // 0 when that speed is not known.
   int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
   // That prediction (of the latency_quantile of TTFT) for `workers`
-  // workers (NaN: speed or load unknown; inf:
-  // the load reaches their speed). It also vetoes a scale-down of the
-  // prefill pool that it predicts above scale_down_target x SLO.
+  // workers (NaN: speed or load unknown; inf: the load reaches their
+  // speed). It also vetoes a scale-down of the prefill pool that it
+  // predicts above scale_down_target x SLO.
   double PriorPrefillTtft(const Observation& o, double load, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;

@@ -149,6 +149,45 @@ __attribute__((target("avx512f"))) void AxpyAvx512(float a, const float* x, floa
   }
 }
 
+// AVX2 (no AVX-512): 8 lanes, a masked load for the last 1-7 values.
+__attribute__((target("avx2,fma"))) inline __m256i TailMask8(int r) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), lanes);
+}
+
+__attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b, int n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  }
+  if (i < n) {
+    const __m256i m = TailMask8(n - i);
+    s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s0);
+  }
+  const __m256 v = _mm256_add_ps(s0, s1);
+  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+__attribute__((target("avx2,fma"))) void AxpyAvx2(float a, const float* x, float* y, int n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask8(n - i);
+    _mm256_maskstore_ps(
+        y + i, m, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+  }
+}
+
 // The row k (or v) of n values in registers, up to kMaxVectors of 16 lanes
 // (head_dim <= 256); lanes past n are zero.
 constexpr int kMaxVectors = 16;
@@ -360,11 +399,13 @@ void AxpysOfValues(const float* weights, int64_t stride, const float* v, int64_t
   }
 }
 
-// Attention calls Dot and Axpy once per (head, position): the portable
-// loops, built for the baseline x86-64 target, are 4 lanes wide.
+// Attention calls Dot and Axpy once per (head, position) without AVX-512:
+// AVX2 where the CPU has it, else the portable loops, built for the baseline
+// x86-64 target, 4 lanes wide.
 float Dot(const float* a, const float* b, int n) {
 #if defined(__x86_64__)
   if (BestIsa() == Isa::kAvx512) return DotAvx512(a, b, n);
+  if (BestIsa() == Isa::kAvx2) return DotAvx2(a, b, n);
 #endif
   return DotPortable(a, b, n);
 }
@@ -372,6 +413,7 @@ float Dot(const float* a, const float* b, int n) {
 void Axpy(float a, const float* x, float* y, int n) {
 #if defined(__x86_64__)
   if (BestIsa() == Isa::kAvx512) return AxpyAvx512(a, x, y, n);
+  if (BestIsa() == Isa::kAvx2) return AxpyAvx2(a, x, y, n);
 #endif
   AxpyPortable(a, x, y, n);
 }

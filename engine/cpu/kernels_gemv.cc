@@ -515,6 +515,65 @@ PDSERVE_AVX2 void GemvManyAvx2(const T* w, const float* x, float* y, int ldy, in
   }
 }
 
+// GemvAvx2's accumulators a[U0] and a[U1] (U0 < U1, of 0 .. 3) for G
+// vectors at once: each weight vector is loaded and widened once for all of
+// them, and each accumulator takes exactly the products, in the order, that
+// GemvAvx2 gives it (the main loop, then the k8 remainder into a[0]).
+template <typename Loader, typename T, int G, int U0, int U1>
+PDSERVE_AVX2 inline void AccumulatePairAvx2(const T* row, const float* x, int k,
+                                            __m256 (&a)[G][2]) {
+  const int k32 = k / 32 * 32, k8 = k / 8 * 8;
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i < k32; i += 32) {
+    const __m256 w0 = Loader::Load(row + i + 8 * U0);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      a[g][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + int64_t{g} * k + i + 8 * U0), a[g][0]);
+    }
+    const __m256 w1 = Loader::Load(row + i + 8 * U1);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      a[g][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + int64_t{g} * k + i + 8 * U1), a[g][1]);
+    }
+  }
+  if constexpr (U0 == 0) {
+    for (; i < k8; i += 8) {
+      const __m256 wv = Loader::Load(row + i);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        a[g][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + int64_t{g} * k + i), a[g][0]);
+      }
+    }
+  }
+}
+
+// GemvAvx2 over 3 to 6 vectors at once: 4 G accumulators would not fit the
+// 16 registers, so each row is walked twice, over accumulators 0 and 1, then
+// 2 and 3 (its second walk reads the row from the first level of cache), and
+// the sums are formed as GemvAvx2 forms them, so each vector's result is bit
+// for bit GemvAvx2's.
+template <typename Loader, typename T, int G>
+PDSERVE_AVX2 void GemvManyPairsAvx2(const T* w, const float* x, float* y, int ldy, int n, int k) {
+  const int k8 = k / 8 * 8;
+  for (int r = 0; r < n; ++r) {
+    const T* row = w + int64_t{r} * k;
+    __m256 a[G][2];
+    __m256 s01[G];
+    AccumulatePairAvx2<Loader, T, G, 0, 1>(row, x, k, a);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) s01[g] = _mm256_add_ps(a[g][0], a[g][1]);
+    AccumulatePairAvx2<Loader, T, G, 2, 3>(row, x, k, a);
+    for (int g = 0; g < G; ++g) {
+      const float* xg = x + int64_t{g} * k;
+      float sum = HorizontalSum(_mm256_add_ps(s01[g], _mm256_add_ps(a[g][0], a[g][1])));
+      for (int j = k8; j < k; ++j) sum += Loader::Value(row[j]) * xg[j];
+      y[int64_t{g} * ldy + r] = sum;
+    }
+  }
+}
+
 // The G-vector kernels for m vectors, up to 8 at a time where their rows of
 // x fit in 24 KiB (the first level of cache holds them and the weights
 // streaming past; measured slower by half at k = 2560), else up to 4: a
@@ -536,17 +595,27 @@ PDSERVE_AVX512 void GemvManyAvx512Groups(const T* w, const float* x, int m, floa
     });
   }
 }
+// Up to 6 vectors a pass where their rows of x fit in 24 KiB (as above),
+// else 2; the vectors split evenly between passes (7 as 4 and 3, not 6 and 1).
 template <typename Loader, typename T>
 PDSERVE_AVX2 void GemvManyAvx2Groups(const T* w, const float* x, int m, float* y, int ldy, int n,
                                      int k) {
-  for (int g0 = 0; g0 < m; g0 += 2) {
+  const int most = std::clamp(static_cast<int>((24 << 10) / (sizeof(float) * k)), 2, 6);
+  const int passes = (m + most - 1) / most;
+  for (int p = 0, g0 = 0; p < passes; ++p) {
+    const int count = (m - g0 + (passes - p) - 1) / (passes - p);
     const float* xg = x + int64_t{g0} * k;
     float* yg = y + int64_t{g0} * ldy;
-    if (m - g0 == 1) {
-      GemvAvx2<Loader>(w, xg, yg, n, k);
-    } else {
-      GemvManyAvx2<Loader, T, 2>(w, xg, yg, ldy, n, k);
-    }
+    WithCount<6>(count, [&](auto g) {
+      if constexpr (g == 1) {
+        GemvAvx2<Loader>(w, xg, yg, n, k);
+      } else if constexpr (g == 2) {
+        GemvManyAvx2<Loader, T, 2>(w, xg, yg, ldy, n, k);
+      } else {
+        GemvManyPairsAvx2<Loader, T, g>(w, xg, yg, ldy, n, k);
+      }
+    });
+    g0 += count;
   }
 }
 

@@ -72,7 +72,10 @@ ABSL_FLAG(int, ngram_min_n, pdserve::engine::spec::NgramOptions{}.min_n,
           "Shortest n-gram the n-gram proposer matches");
 ABSL_FLAG(int, ngram_max_n, pdserve::engine::spec::NgramOptions{}.max_n,
           "Longest n-gram the n-gram proposer matches");
-ABSL_FLAG(int, max_batch, 2, "--speculative_max_batch as the worker's (0: no limit)");
+ABSL_FLAG(int, max_batch, -1,
+          "--speculative_max_batch as the worker's (-1: the method's default, 2 for ngram and 1 "
+          "for draft; 0: no limit)");
+ABSL_FLAG(double, draft_cost, 0, "--speculative_draft_cost as the worker's (0: estimated)");
 ABSL_FLAG(int, rounds, 3, "Rounds; each runs every method once");
 ABSL_FLAG(int, max_tokens, 64, "Tokens per request at most");
 ABSL_FLAG(int, threads, 0, "Runner threads (0: all cores)");
@@ -427,6 +430,7 @@ int Main() {
               {.method = *parsed,
                .num_speculative_tokens = method_k,
                .max_batch = absl::GetFlag(FLAGS_max_batch),
+               .draft_cost = absl::GetFlag(FLAGS_draft_cost),
                .ngram = {.min_n = absl::GetFlag(FLAGS_ngram_min_n),
                          .max_n = absl::GetFlag(FLAGS_ngram_max_n)},
                .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),

@@ -74,10 +74,19 @@ ABSL_FLAG(std::string, draft_model_dir, "", "The draft model of --speculative=dr
 ABSL_FLAG(bool, speculative_adaptive, true,
           "Each sequence's proposal length follows its acceptance, and a sequence whose "
           "acceptance is low stops proposing for a while");
-ABSL_FLAG(int, speculative_max_batch, 2,
-          "No proposals in a step with more decoding sequences than this (0: no limit): on the "
-          "CPU backend a step of 3 or more sequences' verification rows is compute-bound and "
-          "speculation loses there; a GPU, where verification rows cost little, takes more");
+ABSL_FLAG(int, speculative_max_batch, -1,
+          "No proposals in a step with more decoding sequences than this (-1: the method's "
+          "default, 2 for ngram and 1 for draft; 0: no limit): on the CPU backend a step of 3 or "
+          "more sequences' verification rows is compute-bound and speculation loses there, and at "
+          "2 a draft's own steps cost more than its proposals gain; a GPU, where verification "
+          "rows cost little, takes more");
+ABSL_FLAG(double, speculative_draft_cost, 0,
+          "One draft step's cost in target decode steps, which prices a draft's proposals "
+          "against their acceptance (0: estimated from the two models' sizes)");
+ABSL_FLAG(double, speculative_row_cost, 0,
+          "One verification row's cost beyond the first, in target decode steps, in that "
+          "pricing (0: the backend's figure; cpu: 0.2 with AVX-512, 0.5 with AVX2, 1 without "
+          "either, measured on the demo model)");
 ABSL_FLAG(int, stream_interval, 1,
           "Tokens of a stream sent to the router in one message (1: each as it is sampled; N: "
           "bursts of N steps, N times fewer messages per token for this worker and the router)");
@@ -153,6 +162,8 @@ int Main() {
        .num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens),
        .adaptive = absl::GetFlag(FLAGS_speculative_adaptive),
        .max_batch = absl::GetFlag(FLAGS_speculative_max_batch),
+       .draft_cost = absl::GetFlag(FLAGS_speculative_draft_cost),
+       .row_cost = absl::GetFlag(FLAGS_speculative_row_cost),
        .draft_model_dir = absl::GetFlag(FLAGS_draft_model_dir),
        .backend = runner_options.backend,
        .num_threads = runner_options.num_threads},
@@ -163,7 +174,13 @@ int Main() {
   }
   if (*spec != nullptr) {
     PDSERVE_LOG(INFO) << "speculative decoding: " << (*spec)->proposer().name() << ", up to "
-                      << (*spec)->num_speculative_tokens() << " tokens";
+                      << (*spec)->num_speculative_tokens() << " tokens, up to "
+                      << (*spec)->options().max_batch << " decoding sequences (0: any)";
+    if ((*spec)->options().proposal_cost > 0) {
+      PDSERVE_LOG(INFO) << "speculative decoding: a proposed token costs "
+                        << (*spec)->options().proposal_cost << " target steps, a verification row "
+                        << (*spec)->options().row_cost;
+    }
   }
 
   decode::DecodeEngineOptions engine_options{

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kernels_gemv.h"
 #include "engine/runtime/step_state.h"
 
 namespace pdserve::engine {
@@ -70,6 +71,18 @@ void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m,
                             [[maybe_unused]] int n, [[maybe_unused]] int k) const {
   assert(w.rows() == n && w.cols() == k);
   w.MatMul(x, y, m, num_threads_, pool_.get());
+}
+
+double CpuModelRunner::VerificationRowCost() const {
+  switch (cpu::BestIsa()) {
+    case cpu::Isa::kAvx512:
+      return 0.2;
+    case cpu::Isa::kAvx2:
+      return 0.5;
+    case cpu::Isa::kPortable:
+      return 1.0;
+  }
+  return 1.0;
 }
 
 int64_t CpuModelRunner::DecodeWeightBytes() const {

@@ -83,6 +83,11 @@ class CpuModelRunner : public ModelRunner {
   int kv_block_size() const override { return block_size_; }
   int num_threads() const { return num_threads_; }
   int64_t DecodeWeightBytes() const override;
+  // Measured on the demo model (docs/performance.md, "Speculative
+  // decoding"): 0.2 with AVX-512 (each weight read once for up to 8 rows,
+  // attention 16 lanes wide), 0.5 with AVX2 (up to 6 rows a pass, attention
+  // one call per key), 1 on the portable kernels (a row costs a step).
+  double VerificationRowCost() const override;
 
   absl::StatusOr<std::unique_ptr<StepHandle>> Enqueue(StepBatch batch) override;
   std::span<const KvRegion> kv_regions() const override { return regions_; }

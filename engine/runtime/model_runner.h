@@ -154,6 +154,13 @@ class ModelRunner {
   // head when tied). With the KV read, the numerator of decode's
   // bandwidth utilisation.
   virtual int64_t DecodeWeightBytes() const = 0;
+  // What one more row costs a batch-1 decode step, in plain steps (a step of
+  // 1 + k rows costs about 1 + k times this): speculative decoding prices its
+  // verification rows with it (engine/spec/spec_decoder.h). Counted from the
+  // backend and the CPU's instruction set, never timed, so decisions priced
+  // with it are the same in every run on one machine type. The default, a
+  // GPU's: extra rows cost little until the step is compute-bound.
+  virtual double VerificationRowCost() const { return 0.1; }
 
   // Validates `batch` (INVALID_ARGUMENT naming the sequence and field) and
   // starts it. The spans in `batch` must stay valid until the handle's Wait

@@ -27,6 +27,19 @@ absl::StatusOr<SpecMethod> ParseSpecMethod(std::string_view name) {
       absl::StrCat("speculative method \"", std::string(name), "\": expected off, ngram or draft"));
 }
 
+PricedK BestPricedK(double alpha, int max_k, double row_cost, double proposal_cost) {
+  PricedK best;
+  double expected = 1.0;  // tokens a verification of k proposals yields
+  double power = 1.0;     // alpha^k
+  for (int k = 1; k <= max_k; ++k) {
+    power *= alpha;
+    expected += power;
+    const double speedup = expected / (1.0 + (row_cost + proposal_cost) * k);
+    if (speedup > best.speedup) best = {.k = k, .speedup = speedup};
+  }
+  return best;
+}
+
 SpecDecoder::SpecDecoder(SpecOptions options, std::unique_ptr<Proposer> proposer)
     : options_(options), proposer_(std::move(proposer)) {}
 
@@ -121,16 +134,38 @@ SpecStepStats SpecDecoder::Observe(std::span<const SequenceUpdate> updates) {
     } else {
       state.k = std::max(1, u.num_accepted + 1);
     }
-    if (state.acceptance < options_.min_acceptance) {
-      state.cooldown_left = state.next_cooldown;
-      state.next_cooldown = std::min(options_.max_cooldown_steps, 2 * state.next_cooldown);
-      state.k = 1;
-      state.acceptance = options_.min_acceptance;  // the probe starts at the line
+    const double s = options_.acceptance_smoothing;
+    const int decided = u.num_accepted + (u.num_accepted < u.num_proposed ? 1 : 0);
+    state.stood = (1 - s) * state.stood + s * u.num_accepted;
+    state.decided = (1 - s) * state.decided + s * decided;
+    bool priced_out = false;
+    if (options_.proposal_cost > 0) {
+      const PricedK best =
+          BestPricedK(state.stood / state.decided, options_.num_speculative_tokens,
+                      options_.row_cost, options_.proposal_cost);
+      priced_out = best.speedup < options_.min_speedup;
+      state.k = std::min(state.k, best.k);
+    }
+    if (priced_out && state.next_cooldown > options_.min_cooldown_steps) {
+      // Priced out again after a probe: each probe costs the draft's
+      // catch-up over the steps it skipped, so the sequence stops for the
+      // longest cool-down at once.
+      state.next_cooldown = options_.max_cooldown_steps;
+      CoolDown(state);
+    } else if (state.acceptance < options_.min_acceptance || priced_out) {
+      CoolDown(state);
     } else if (state.acceptance >= 2 * options_.min_acceptance) {
       state.next_cooldown = options_.min_cooldown_steps;
     }
   }
   return stats;
+}
+
+void SpecDecoder::CoolDown(SeqState& state) const {
+  state.cooldown_left = state.next_cooldown;
+  state.next_cooldown = std::min(options_.max_cooldown_steps, 2 * state.next_cooldown);
+  state.k = 1;
+  state.acceptance = options_.min_acceptance;  // the probe starts at the line
 }
 
 }  // namespace pdserve::engine::spec

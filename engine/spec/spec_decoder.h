@@ -16,6 +16,19 @@
 // with k = 1. Verifying poor proposals costs compute a step at a large batch
 // cannot spare; proposing nothing costs nothing.
 //
+// Proposals that cost work of their own (a draft model: proposal_cost > 0)
+// are also priced (Leviathan et al. 2023, section 3.3, with the target's
+// verification rows priced too): with a per-token acceptance alpha (an
+// exponential average of tokens that stood over tokens decided), a
+// verification of k proposals yields E(k) = (1 - alpha^(k+1)) / (1 - alpha)
+// tokens for 1 + (row_cost + proposal_cost) * k plain target steps. k is
+// capped at the k that maximises E(k) / cost(k), and when even that
+// predicts less than min_speedup the sequence cools down as above; priced
+// out again after its probe, it cools down for max_cooldown_steps at once
+// (each probe costs the draft a catch-up over the steps it skipped). Every
+// input is counted, none timed, so a seeded request proposes the same
+// tokens in every run.
+//
 // Usage, on the engine thread under the engine's lock (the decode role:
 // EnginePolicy::BeforePlan and its step's Apply, engine/core/engine_core.h):
 //   decoder.ProposeFor(scheduler); step = scheduler.Schedule(); ... run ...
@@ -52,7 +65,22 @@ struct SpecOptions {
   // rows per sequence costs about 1 + k times the plain step however many
   // proposals stand.
   int max_batch = 0;
+  // The pricing above; 0: not priced (proposals that cost nothing).
+  double proposal_cost = 0.0;  // one proposed token, in plain target steps
+  // One verification row beyond the first, likewise (the runner's
+  // ModelRunner::VerificationRowCost() where the worker's flags build it).
+  double row_cost = 0.2;
+  double min_speedup = 1.1;    // predicted gain a priced verification must reach
 };
+
+// The k in [1, max_k] that maximises the predicted speed-up of a priced
+// verification at per-token acceptance `alpha` (see above), and that
+// speed-up.
+struct PricedK {
+  int k = 1;
+  double speedup = 0.0;
+};
+PricedK BestPricedK(double alpha, int max_k, double row_cost, double proposal_cost);
 
 // What one step's verifications did.
 struct SpecStepStats {
@@ -76,6 +104,7 @@ class SpecDecoder {
   const Proposer& proposer() const { return *proposer_; }
   // k at most (SpecOptions::num_speculative_tokens).
   int num_speculative_tokens() const { return options_.num_speculative_tokens; }
+  const SpecOptions& options() const { return options_; }
   // The k a sequence proposes next (0: cooling down); for tests.
   int NextK(SeqId id) const;
 
@@ -85,7 +114,13 @@ class SpecDecoder {
     double acceptance = 1.0;
     int cooldown_left = 0;
     int next_cooldown = 0;
+    // Exponential averages, per verification, of proposed tokens that stood
+    // and of tokens decided (those plus the rejected one, if any): their
+    // ratio is the per-token acceptance the pricing uses.
+    double stood = 1.0;
+    double decided = 1.0;
   };
+  void CoolDown(SeqState& state) const;
   SeqState& StateOf(SeqId id);
 
   const SpecOptions options_;

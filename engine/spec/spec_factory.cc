@@ -19,6 +19,14 @@ int DefaultSpeculativeTokens(SpecMethod method) {
   return 0;
 }
 
+int DefaultSpeculativeMaxBatch(SpecMethod method) {
+  return method == SpecMethod::kDraft ? kDefaultDraftMaxBatch : kDefaultNgramMaxBatch;
+}
+
+double EstimateDraftCost(const ModelConfig& draft, const ModelConfig& target) {
+  return draft.PrefillFlops(1) / target.PrefillFlops(1);
+}
+
 absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig& config,
                                                                const ModelRunner& target) {
   if (config.method == SpecMethod::kOff) return nullptr;
@@ -29,8 +37,17 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
   }
   const int k = config.num_speculative_tokens > 0 ? config.num_speculative_tokens
                                                   : DefaultSpeculativeTokens(config.method);
-  const SpecOptions options{
-      .num_speculative_tokens = k, .adaptive = config.adaptive, .max_batch = config.max_batch};
+  if (config.max_batch < -1 || config.draft_cost < 0 || config.row_cost < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculative max batch (", config.max_batch, "), draft cost (", config.draft_cost,
+        ") and row cost (", config.row_cost, ") must not be negative (max batch -1: the default)"));
+  }
+  SpecOptions options{.num_speculative_tokens = k,
+                      .adaptive = config.adaptive,
+                      .max_batch = config.max_batch >= 0 ? config.max_batch
+                                                         : DefaultSpeculativeMaxBatch(config.method),
+                      .row_cost = config.row_cost > 0 ? config.row_cost
+                                                      : target.VerificationRowCost()};
   switch (config.method) {
     case SpecMethod::kOff:
       return nullptr;
@@ -55,6 +72,9 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
         return absl::Status(draft.status().code(),
                             absl::StrCat("draft model: ", draft.status().message()));
       }
+      options.proposal_cost = config.draft_cost > 0
+                                  ? config.draft_cost
+                                  : EstimateDraftCost((*draft)->config(), target.config());
       absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
           DraftProposer::Create(*std::move(draft), target.config());
       if (!proposer.ok()) return proposer.status();

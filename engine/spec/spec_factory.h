@@ -21,11 +21,29 @@ inline constexpr int kDefaultNgramTokens = 6;
 inline constexpr int kDefaultDraftTokens = 4;
 int DefaultSpeculativeTokens(SpecMethod method);
 
+// The most decoding sequences a step may have and still propose, when the
+// configuration leaves it at -1: 2 for n-grams, 1 for a draft. On the CPU
+// backend a step of three or more sequences' verification rows is
+// compute-bound, and at two the draft's own steps and catch-ups cost more
+// than its proposals gain (docs/performance.md, "Speculative decoding").
+inline constexpr int kDefaultNgramMaxBatch = 2;
+inline constexpr int kDefaultDraftMaxBatch = 1;
+int DefaultSpeculativeMaxBatch(SpecMethod method);
+
+// A draft step's cost in target steps, estimated from the two models' sizes
+// (forward FLOPs of one token, LM head included): counted, not timed, so
+// decisions priced with it are the same in every run.
+double EstimateDraftCost(const ModelConfig& draft, const ModelConfig& target);
+
 struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;
   int num_speculative_tokens = 0;  // k, in [1, 16]; 0: DefaultSpeculativeTokens(method)
   bool adaptive = true;            // SpecOptions::adaptive
-  int max_batch = 0;               // SpecOptions::max_batch
+  int max_batch = -1;              // SpecOptions::max_batch; -1: DefaultSpeculativeMaxBatch
+  // kDraft: SpecOptions::proposal_cost; 0: EstimateDraftCost.
+  double draft_cost = 0.0;
+  // SpecOptions::row_cost; 0: the target runner's VerificationRowCost().
+  double row_cost = 0.0;
   NgramOptions ngram;
   // kDraft: a smaller model of the target's vocabulary, run on the target's
   // backend with its own KV cache of draft_kv_blocks blocks.

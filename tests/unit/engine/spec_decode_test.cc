@@ -191,24 +191,34 @@ TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
   greedy.ignore_eos = true;
   const std::vector<RunRequest> reqs = Requests(greedy);
   const RunResult plain = RunToCompletion(*runner, reqs, nullptr);
+  // Unpriced, then priced (a draft at 0.3 target steps a token): a draft that
+  // agrees keeps proposing either way, one that does not cools down sooner
+  // when priced; the tokens are the same in every case.
   for (const std::string& draft_dir : {dir_, other}) {
-    SCOPED_TRACE(draft_dir);
-    auto draft = CreateModelRunner(
-        {.model_dir = draft_dir, .kv_block_size = 4, .num_kv_blocks = 96, .num_threads = 1});
-    ASSERT_TRUE(draft.ok()) << draft.status();
-    auto proposer = spec::DraftProposer::Create(*std::move(draft), config_);
-    ASSERT_TRUE(proposer.ok()) << proposer.status();
-    const spec::DraftProposer* p = proposer->get();
-    spec::SpecDecoder decoder({.num_speculative_tokens = 3}, *std::move(proposer));
-    const RunResult spec = RunToCompletion(*runner, reqs, &decoder);
-    EXPECT_EQ(plain.tokens, spec.tokens);
-    EXPECT_EQ(plain.finish, spec.finish);
-    EXPECT_GT(spec.proposed, 0);
-    if (draft_dir == dir_) {
-      EXPECT_GT(spec.accepted, spec.proposed * 8 / 10);
+    int64_t unpriced_proposed = 0;
+    for (double cost : {0.0, 0.3}) {
+      SCOPED_TRACE(draft_dir + " cost " + std::to_string(cost));
+      auto draft = CreateModelRunner(
+          {.model_dir = draft_dir, .kv_block_size = 4, .num_kv_blocks = 96, .num_threads = 1});
+      ASSERT_TRUE(draft.ok()) << draft.status();
+      auto proposer = spec::DraftProposer::Create(*std::move(draft), config_);
+      ASSERT_TRUE(proposer.ok()) << proposer.status();
+      const spec::DraftProposer* p = proposer->get();
+      spec::SpecDecoder decoder({.num_speculative_tokens = 3, .proposal_cost = cost},
+                                *std::move(proposer));
+      const RunResult spec = RunToCompletion(*runner, reqs, &decoder);
+      EXPECT_EQ(plain.tokens, spec.tokens);
+      EXPECT_EQ(plain.finish, spec.finish);
+      EXPECT_GT(spec.proposed, 0);
+      if (draft_dir == dir_) {
+        EXPECT_GT(spec.accepted, spec.proposed * 8 / 10);
+      } else if (cost > 0) {
+        EXPECT_LE(spec.proposed, unpriced_proposed);
+      }
+      if (cost == 0) unpriced_proposed = spec.proposed;
+      EXPECT_EQ(p->num_sequences(), 0u);
+      EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
     }
-    EXPECT_EQ(p->num_sequences(), 0u);
-    EXPECT_EQ(spec.free_blocks_after, runner->num_kv_blocks());
   }
 }
 
@@ -258,6 +268,49 @@ TEST(SpecFactoryTest, ChecksTheConfiguration) {
       {.method = SpecMethod::kNgram, .num_speculative_tokens = 3}, **target);
   ASSERT_TRUE(ngram3.ok()) << ngram3.status();
   EXPECT_EQ((*ngram3)->num_speculative_tokens(), 3);
+  // Max batch left at -1 is the method's default; n-gram proposals are not
+  // priced, a draft's are, at its size against the target's (the same model
+  // here: 1) unless given.
+  EXPECT_EQ((*ngram)->options().max_batch, spec::kDefaultNgramMaxBatch);
+  EXPECT_EQ((*draft)->options().max_batch, spec::kDefaultDraftMaxBatch);
+  EXPECT_EQ((*ngram3)->options().proposal_cost, 0.0);
+  EXPECT_DOUBLE_EQ((*draft)->options().proposal_cost, 1.0);
+  absl::StatusOr<std::unique_ptr<spec::SpecDecoder>> given = spec::CreateSpecDecoder(
+      {.method = SpecMethod::kDraft, .max_batch = 0, .draft_cost = 0.25, .draft_model_dir = dir,
+       .num_threads = 1},
+      **target);
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ((*given)->options().max_batch, 0);
+  EXPECT_EQ((*given)->options().proposal_cost, 0.25);
+  EXPECT_EQ(spec::CreateSpecDecoder({.method = SpecMethod::kNgram, .max_batch = -2}, **target)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The draft's cost is its forward FLOPs per token against the target's: a
+// model of half the hidden size and half the layers costs well under half.
+TEST(SpecFactoryTest, DraftCostFollowsTheModelsSizes) {
+  // The demo model's and its draft's shapes (tools/demo_model).
+  ModelConfig target;
+  target.vocab_size = 2048;
+  target.hidden_size = 256;
+  target.intermediate_size = 640;
+  target.num_layers = 4;
+  target.num_heads = 8;
+  target.num_kv_heads = 4;
+  target.head_dim = 32;
+  target.tie_word_embeddings = true;
+  ModelConfig draft = target;
+  draft.hidden_size = 128;
+  draft.intermediate_size = 320;
+  draft.num_layers = 2;
+  draft.num_heads = 4;
+  draft.num_kv_heads = 2;
+  const double cost = spec::EstimateDraftCost(draft, target);
+  EXPECT_GT(cost, 0.1);
+  EXPECT_LT(cost, 0.3);
+  EXPECT_DOUBLE_EQ(spec::EstimateDraftCost(target, target), 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecDecodeTest, testing::ValuesIn(testing_models::AllArchCases()),

@@ -1,8 +1,10 @@
 // SpecDecoder: each sequence's k follows its acceptance (grows after a full
 // acceptance, falls to one past the accepted count), low acceptance stops
 // its proposals for a cool-down that doubles when it happens again and
-// resets once acceptance recovers; proposals never run past max_tokens; a
-// proposer that proposes too much is refused.
+// resets once acceptance recovers; priced proposals (a draft's) are capped
+// at the k whose predicted speed-up peaks and cool down when none pays;
+// proposals never run past max_tokens; a proposer that proposes too much is
+// refused.
 #include "engine/spec/spec_decoder.h"
 
 #include <memory>
@@ -160,6 +162,77 @@ TEST(SpecDecoderTest, LowAcceptanceCoolsDownLongerEachTime) {
   for (int i = 0; i < 6 && d.NextK(1) > 0; ++i) observe(3, 0);
   EXPECT_EQ(d.NextK(1), 0);
   EXPECT_EQ(steps_until_proposal(), 3);
+}
+
+// E(k) = (1 - a^(k+1)) / (1 - a) tokens for 1 + (row + proposal) * k steps.
+TEST(SpecDecoderTest, PricedKMaximisesThePredictedSpeedup) {
+  // Every proposal stands: k = max; 1 + 4 = 5 tokens for 1 + 0.5 * 4 = 3 steps.
+  PricedK all = BestPricedK(1.0, 4, 0.2, 0.3);
+  EXPECT_EQ(all.k, 4);
+  EXPECT_DOUBLE_EQ(all.speedup, 5.0 / 3.0);
+  // None stands: one token for more than one step at any k.
+  EXPECT_LT(BestPricedK(0.0, 4, 0.2, 0.3).speedup, 1.0);
+  // Half stands: k = 1 gives 1.5 / 1.5; k = 2 gives 1.75 / 2.
+  PricedK half = BestPricedK(0.5, 4, 0.2, 0.3);
+  EXPECT_EQ(half.k, 1);
+  EXPECT_DOUBLE_EQ(half.speedup, 1.0);
+  // Free proposals and rows: the longest k always pays.
+  EXPECT_EQ(BestPricedK(0.5, 6, 0.0, 0.0).k, 6);
+  // Between: 0.8 at 0.2 + 0.3 peaks at k = 2 (2.44 / 2 = 1.22 against 1.2 at 1, 1.18 at 3).
+  EXPECT_EQ(BestPricedK(0.8, 4, 0.2, 0.3).k, 2);
+}
+
+// A priced proposer: k is capped where the predicted speed-up peaks, and a
+// sequence whose proposals no longer pay cools down although its acceptance
+// stays above min_acceptance; an unpriced one (proposal_cost 0) keeps
+// proposing at the same acceptance.
+TEST(SpecDecoderTest, PricedProposalsCoolDownWhenTheyDoNotPay) {
+  auto make = [](double proposal_cost) {
+    return std::make_unique<SpecDecoder>(
+        SpecOptions{.num_speculative_tokens = 4,
+                    .min_acceptance = 0.05,
+                    .min_cooldown_steps = 4,
+                    .max_cooldown_steps = 40,
+                    .proposal_cost = proposal_cost},
+        std::make_unique<FixedProposer>());
+  };
+  std::unique_ptr<SpecDecoder> priced = make(0.3);
+  std::unique_ptr<SpecDecoder> free = make(0.0);
+  for (SpecDecoder* d : {priced.get(), free.get()}) {
+    std::vector<SequenceUpdate> u = {Verified(1, 4, 4)};
+    d->Observe(u);
+    EXPECT_EQ(d->NextK(1), 4);  // all stood: the longest k pays
+  }
+  // Half of what is proposed is rejected at its first token, in turn with
+  // all of it standing: about one token in two decided stands.
+  for (int i = 0; i < 6; ++i) {
+    for (SpecDecoder* d : {priced.get(), free.get()}) {
+      const int k = d->NextK(1);
+      if (k == 0) continue;
+      std::vector<SequenceUpdate> u = {Verified(1, k, i % 2 == 0 ? 0 : k)};
+      d->Observe(u);
+    }
+  }
+  EXPECT_EQ(priced->NextK(1), 0);  // cooling down
+  EXPECT_GT(free->NextK(1), 0);
+
+  // The cool-down runs its 4 steps; a probe that is priced out again stops
+  // the sequence for the longest cool-down at once (each probe costs a draft
+  // its catch-up over the skipped steps).
+  DecodingScheduler s(/*max_tokens=*/60);
+  auto cooling_steps = [&] {
+    int n = 0;
+    while (priced->NextK(1) == 0 && n < 1000) {
+      EXPECT_TRUE(priced->ProposeFor(s.scheduler()).ok());
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(cooling_steps(), 4);
+  EXPECT_EQ(priced->NextK(1), 1);  // the probe
+  std::vector<SequenceUpdate> probe = {Verified(1, 1, 0)};
+  priced->Observe(probe);
+  EXPECT_EQ(cooling_steps(), 40);  // max_cooldown_steps
 }
 
 TEST(SpecDecoderTest, LargeBatchesProposeNothing) {

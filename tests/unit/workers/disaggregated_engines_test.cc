@@ -778,7 +778,8 @@ TEST_P(SpeculativeDecodeTest, StreamsAreTheTokensOfPlainDecoding) {
       kvtransfer::TcpKvReceiver::Create("127.0.0.1", 0, small_runner->kv_regions());
   ASSERT_TRUE(small_receiver.ok()) << small_receiver.status();
   auto spec = engine::spec::CreateSpecDecoder(
-      {.method = engine::spec::SpecMethod::kNgram, .num_speculative_tokens = 4}, *small_runner);
+      {.method = engine::spec::SpecMethod::kNgram, .num_speculative_tokens = 4, .max_batch = 0},
+      *small_runner);
   ASSERT_TRUE(spec.ok()) << spec.status();
   GatedRunner gate(small_runner.get());
   auto decode = std::make_unique<decode::DecodeEngine>(

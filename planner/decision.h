@@ -154,17 +154,31 @@ class Planner {
   // SLO, from the workers' measured speed while computing
   // (Observation::prefill_tokens_per_busy_s) and a single queue per worker;
   // 0 when that speed is not known.
-  int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
+  // `scale` multiplies the prediction (prior_scale_).
+  int PriorPrefillSize(const Observation& o, double load, int lo, int hi, double scale) const;
   // That prediction (of the latency_quantile of TTFT) for `workers`
   // workers (NaN: speed or load unknown; inf: the load reaches their
   // speed). It also vetoes a scale-down of the prefill pool that it
   // predicts above scale_down_target x SLO.
-  double PriorPrefillTtft(const Observation& o, double load, int workers) const;
+  // The mean prompt is the recent rates' where there are some
+  // (`recent_prompts`), else the window's.
+  double PriorPrefillTtft(const Observation& o, double load, int workers,
+                          bool recent_prompts = true) const;
+  // How far over its SLO `pool` is predicted to be with `workers` workers
+  // at the forecast load (latency / SLO): the larger of its curve and, for
+  // prefill, the workers' measured speed; at most the current size, no less
+  // than the latency measured now. A pool without a prediction is 0 (inf
+  // below its current size: it keeps what it has).
+  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 
   PlannerOptions options_;
   PerPool<PoolState> state_;
+  // This interval's calibration of the prefill queue model (<= 1): the
+  // TTFT measured at the current size over what the model predicts for the
+  // window's load there; 1 while nothing is measured.
+  double prior_scale_ = 1;
 };
 
 }  // namespace pdserve::planner

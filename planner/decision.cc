@@ -129,7 +129,11 @@ double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d,
                          int workers) const {
   double predicted = PredictAt(pool, o.time, d.forecast_load, workers);
   if (pool == Pool::kPrefill) {
-    const double prior = prior_scale_ * PriorPrefillTtft(o, d.forecast_load, workers);
+    // Calibrated to ask for workers; raw to give one up, as for the veto on
+    // a scale-down (a queue per worker errs high, by more at low load, so
+    // the calibration at one load can be too kind at a higher one).
+    const double scale = workers < d.current ? 1.0 : prior_scale_;
+    const double prior = scale * PriorPrefillTtft(o, d.forecast_load, workers);
     if (!std::isnan(prior)) predicted = std::isnan(predicted) ? prior : std::max(predicted, prior);
   }
   double pressure = predicted / Slo(pool);

@@ -166,9 +166,10 @@ class Planner {
                           bool recent_prompts = true) const;
   // How far over its SLO `pool` is predicted to be with `workers` workers
   // at the forecast load (latency / SLO): the larger of its curve and, for
-  // prefill, the workers' measured speed; at most the current size, no less
-  // than the latency measured now. A pool without a prediction is 0 (inf
-  // below its current size: it keeps what it has).
+  // prefill, the workers' measured speed (calibrated at the current size
+  // and above, raw below it); at most the current size, no less than the
+  // latency measured now. A pool without a prediction is 0 (inf below its
+  // current size: it keeps what it has).
   double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;

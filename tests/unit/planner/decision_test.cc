@@ -364,6 +364,9 @@ TEST(PlannerDecisionTest, AfterACurveTheWorkersMeasuredSpeedStillSizesThePrefill
 struct ShiftPhase {
   int intervals;
   double prompt_tokens_per_s, mean_prompt, output_tokens_per_s, prefill_speed;
+  // Each interval's arrivals are off their mean by up to this fraction
+  // (a fixed pseudo-random series): the recent window sees it most.
+  double noise = 0;
 };
 struct ShiftTrace {
   std::vector<PerPool<int>> sizes;
@@ -381,13 +384,19 @@ ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
   std::vector<Tick> ticks;
   const absl::Time t0 = absl::FromUnixSeconds(1700000000);
   int i = 0;
+  uint32_t seed = 12345;
+  auto jitter = [&seed](double fraction) {  // in [1 - fraction, 1 + fraction]
+    seed = seed * 1664525u + 1013904223u;
+    return 1 + fraction * (2.0 * (seed >> 8) / (1u << 24) - 1);
+  };
   for (const ShiftPhase& phase : phases) {
     for (int k = 0; k < phase.intervals; ++k, ++i) {
-      const double ttft = TrueLatency(0.15, phase.prefill_speed, phase.prompt_tokens_per_s,
-                                      sizes.prefill);
-      const double itl = TrueLatency(0.012, 600, phase.output_tokens_per_s, sizes.decode);
-      ticks.push_back({phase.prompt_tokens_per_s, phase.prompt_tokens_per_s / phase.mean_prompt,
-                       std::min(phase.output_tokens_per_s, 0.98 * 600 * sizes.decode), ttft, itl});
+      const double prompt = phase.prompt_tokens_per_s * jitter(phase.noise);
+      const double output = phase.output_tokens_per_s * jitter(phase.noise);
+      const double ttft = TrueLatency(0.15, phase.prefill_speed, prompt, sizes.prefill);
+      const double itl = TrueLatency(0.012, 600, output, sizes.decode);
+      ticks.push_back({prompt, prompt / phase.mean_prompt,
+                       std::min(output, 0.98 * 600 * sizes.decode), ttft, itl});
       auto mean = [&](int n, double Tick::*field) {
         const int m = std::min<int>(n, static_cast<int>(ticks.size()));
         double sum = 0;
@@ -488,6 +497,23 @@ TEST(PlannerDecisionTest, AMixShiftMovesAWorkerToPrefillBeforeTheTtftBreaks) {
     }
   }
   EXPECT_LT(moved, lagging_moved);
+}
+
+TEST(PlannerDecisionTest, NoisyDemandDoesNotTradeAWorkerBackAndForth) {
+  // The same shift with every interval's demand off by up to 40%: one move
+  // to prefill, none back, in each pool.
+  const std::vector<ShiftPhase> phases = {{60, 128, 32, 512, 700, 0.4},
+                                          {60, 614, 192, 205, 700, 0.4}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+  EXPECT_EQ(t.sizes[59].prefill, 1);
+  EXPECT_EQ(t.sizes[59].decode, 2);
+  EXPECT_EQ(t.sizes.back().prefill, 2);
+  EXPECT_EQ(t.sizes.back().decode, 1);
+  for (Pool pool : kPools) {
+    int changes = 0;
+    for (size_t i = 1; i < t.sizes.size(); ++i) changes += t.sizes[i][pool] != t.sizes[i - 1][pool];
+    EXPECT_EQ(changes, 1) << PoolName(pool);
+  }
 }
 
 TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {

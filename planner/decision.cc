@@ -363,7 +363,8 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
         const PoolDecision& d = out.pools[pool];
         if (Frozen(d) || alloc[pool] >= d.desired) continue;
         const double pressure = Pressure(pool, o, d, alloc[pool]);
-        if (pressure > best_pressure) {
+        // On a tie (both saturated, say) the pool that has the worker keeps it.
+        if (pressure > best_pressure || (pressure == best_pressure && alloc[pool] < d.current)) {
           best_pressure = pressure;
           best = pool;
         }
@@ -400,11 +401,14 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
     }
     st.max_want_since_down = std::max(st.max_want_since_down, d.desired);
     // A move under the budget: this pool would keep its size, the other is
-    // predicted to breach and needs the worker more. It is the other pool's
-    // scale-up, so it does not wait out a stabilization window (only the
-    // longer one a move undone soon after earns), but it waits for the
-    // other pool to be able to grow.
-    const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current;
+    // predicted to breach and needs the worker more. When this pool stays
+    // within its SLO with one fewer, it is the other pool's scale-up, so it
+    // does not wait out a stabilization window (only the longer one a move
+    // undone soon after earns), but it waits for the other pool to be able
+    // to grow. A move that only trades a breach for a smaller one waits
+    // like any scale-down.
+    const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current &&
+                      Pressure(pool, o, d, d.current - 1) <= 1;
     const Pool other = pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill;
     const absl::Duration stabilization = options_.stabilization * (st.backoff - (move ? 1 : 0));
     const bool cooling =

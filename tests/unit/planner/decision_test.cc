@@ -516,6 +516,28 @@ TEST(PlannerDecisionTest, NoisyDemandDoesNotTradeAWorkerBackAndForth) {
   }
 }
 
+TEST(PlannerDecisionTest, AMoveThatOnlyTradesBreachesWaitsOutTheStabilization) {
+  // Decode with one worker fewer would breach its ITL SLO (450 tok/s: 48
+  // ms), prefill with one worker breaches far worse (614 tok/s at 640 tok/s
+  // per worker): the worker goes to prefill, but not at once.
+  // (The first phase's demand varies, so that decode's curve has a slope.)
+  const std::vector<ShiftPhase> phases = {{45, 128, 32, 450, 640, 0.4},
+                                          {30, 614, 192, 450, 640}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+  EXPECT_EQ(t.sizes[44].decode, 2);
+  int first_held = -1, moved = -1;
+  for (int i = 45; i < 75; ++i) {
+    const Reason r = t.decisions[i].pools.decode.reason;
+    if (first_held < 0 && r == Reason::kStabilizing) first_held = i;
+    if (moved < 0 && t.sizes[i].prefill == 2) moved = i;
+  }
+  ASSERT_GE(first_held, 45);
+  ASSERT_GE(moved, 0);
+  EXPECT_GE(2 * (moved - first_held), 8) << "moved before the 8 s stabilization";
+  EXPECT_EQ(t.sizes.back().prefill, 2);
+  EXPECT_EQ(t.sizes.back().decode, 1);
+}
+
 TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {
   // Under the budget, prefill predicted to breach takes decode's second
   // worker at once (no stabilization wait) when decode's own model

@@ -40,9 +40,11 @@
 //      most `max_step_up` at once.
 //   6. Limits. [min, max] per pool; with `max_total_workers`, the budget
 //      goes to the pool under the most pressure (Pressure: predicted
-//      latency / SLO). Taking a worker from a pool that would keep it is
-//      the other pool's scale-up: no stabilization window (only the extra
-//      wait an undone scale-down earned), once the receiver may grow.
+//      latency / SLO; on a tie the pool that has the worker keeps it).
+//      Taking a worker from a pool that would keep it and stays within its
+//      SLO with one fewer is the other pool's scale-up: no stabilization
+//      window (only the extra wait an undone scale-down earned), once the
+//      receiver may grow.
 #pragma once
 
 #include <optional>

@@ -100,7 +100,8 @@ double Planner::PredictAt(Pool pool, absl::Time now, double load, int workers) c
   return LatencyModel::Predict(*fit, load / workers);
 }
 
-double Planner::PriorPrefillTtft(const Observation& o, double load, int workers) const {
+double Planner::PriorPrefillTtft(const Observation& o, double load, int workers,
+                                 bool recent_prompts) const {
   if (!o.prefill_tokens_per_busy_s.has_value() || !std::isfinite(*o.prefill_tokens_per_busy_s) ||
       *o.prefill_tokens_per_busy_s <= 0 || !(load > 0) || workers <= 0) {
     return kNaN;
@@ -110,7 +111,11 @@ double Planner::PriorPrefillTtft(const Observation& o, double load, int workers)
   // requests; 0 while none has finished (then only a pool that cannot keep
   // up at all, load >= its speed, is short).
   double service_s = 0;
-  if (o.request_rate.has_value() && *o.request_rate > 0 && o.prompt_tokens_per_s.has_value()) {
+  if (recent_prompts && o.recent_request_rate.has_value() && *o.recent_request_rate > 0 &&
+      o.recent_prompt_tokens_per_s.has_value()) {
+    service_s = *o.recent_prompt_tokens_per_s / *o.recent_request_rate / speed;
+  } else if (o.request_rate.has_value() && *o.request_rate > 0 &&
+             o.prompt_tokens_per_s.has_value()) {
     service_s = *o.prompt_tokens_per_s / *o.request_rate / speed;
   }
   // A single queue (M/M/1): the time in system is exponential with mean
@@ -120,10 +125,33 @@ double Planner::PriorPrefillTtft(const Observation& o, double load, int workers)
   return -std::log1p(-options_.latency_quantile) * service_s / (1 - utilisation);
 }
 
-int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi) const {
+double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d,
+                         int workers) const {
+  double predicted = PredictAt(pool, o.time, d.forecast_load, workers);
+  if (pool == Pool::kPrefill) {
+    // Calibrated to ask for workers; raw to give one up, as for the veto on
+    // a scale-down (a queue per worker errs high, by more at low load, so
+    // the calibration at one load can be too kind at a higher one).
+    const double scale = workers < d.current ? 1.0 : prior_scale_;
+    const double prior = scale * PriorPrefillTtft(o, d.forecast_load, workers);
+    if (!std::isnan(prior)) predicted = std::isnan(predicted) ? prior : std::max(predicted, prior);
+  }
+  double pressure = predicted / Slo(pool);
+  if (std::isnan(pressure)) pressure = workers < d.current ? kInf : 0;  // no model: keep
+  // The latency measured at the current size bounds it there and below.
+  if (!std::isnan(d.latency_s) && workers <= d.current) {
+    pressure = std::max(pressure, d.latency_s / Slo(pool));
+  }
+  return pressure;
+}
+
+int Planner::PriorPrefillSize(const Observation& o, double load, int lo, int hi,
+                              double scale) const {
   if (std::isnan(PriorPrefillTtft(o, load, 1))) return 0;
   for (int n = std::max(1, lo); n <= hi; ++n) {
-    if (PriorPrefillTtft(o, load, n) <= options_.scale_up_target * options_.ttft_slo_s) return n;
+    if (scale * PriorPrefillTtft(o, load, n) <= options_.scale_up_target * options_.ttft_slo_s) {
+      return n;
+    }
   }
   return hi + 1;
 }
@@ -146,12 +174,18 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   const std::optional<double>& count = prefill ? o.ttft_count : o.itl_count;
   const std::optional<double>& served = prefill ? o.prompt_tokens_per_s : o.output_tokens_per_s;
   const std::optional<int>& ready = o.ready_workers[pool];
-  std::optional<double> load;
+  const std::optional<double>& recent =
+      prefill ? o.recent_prompt_tokens_per_s : o.recent_output_tokens_per_s;
+  std::optional<double> load;  // the demand now: the recent rate where there is one
+  double window_load = 0;      // over the latency window
   if (served.has_value() && (!prefill || o.prefill_queued_tokens.has_value())) {
     // Queued prompt tokens are demand to be served within backlog_drain.
-    load = *served + (prefill ? *o.prefill_queued_tokens /
-                                    std::max(1e-3, absl::ToDoubleSeconds(options_.backlog_drain))
-                              : 0.0);
+    const double backlog =
+        prefill ? *o.prefill_queued_tokens /
+                      std::max(1e-3, absl::ToDoubleSeconds(options_.backlog_drain))
+                : 0.0;
+    window_load = *served + backlog;
+    load = (recent.has_value() && std::isfinite(*recent) ? *recent : *served) + backlog;
   }
   const bool kv_absent = !prefill && !o.decode_kv_usage.has_value();
   if (!latency.has_value() || !count.has_value() || !load.has_value() || !ready.has_value() ||
@@ -182,6 +216,19 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     st.model.Add(now, *served / *ready, *latency);
   }
   d.forecast_load = std::max(*load, st.forecast.Forecast(options_.forecast_horizon).value_or(0));
+  // The queue model's level, calibrated: its prediction for the window's
+  // load and this size against the TTFT measured there, only ever lowered
+  // (a queue per worker ignores batching). Raw while nothing is measured.
+  if (prefill) {
+    prior_scale_ = 1;
+    if (measured && settled && *ready == current) {
+      const double at_window =
+          PriorPrefillTtft(o, window_load, current, /*recent_prompts=*/false);
+      if (std::isfinite(at_window) && at_window > 0) {
+        prior_scale_ = std::min(1.0, *latency / at_window);
+      }
+    }
+  }
 
   // 3. Size.
   std::optional<LatencyModel::Fit> fit = st.model.Curve(now);
@@ -194,7 +241,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     // Before a curve exists, the workers' own step speed sizes the prefill
     // pool upward (never down: that waits for measured latency).
     if (prefill) {
-      const int needed = PriorPrefillSize(o, d.forecast_load, lo, hi);
+      const int needed = PriorPrefillSize(o, d.forecast_load, lo, hi, prior_scale_);
       if (needed > want) {
         want = needed;
         if (!breached) d.reason = Reason::kPredictedBreach;
@@ -211,6 +258,21 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
         break;
       }
     }
+    // The workers' measured speed also sizes the prefill pool up: the curve
+    // maps load per worker to TTFT as it was when its points were taken,
+    // and cannot see a worker slowed down since (by the decode work beside
+    // it, or longer prompts); the speed measured now, and the demand now,
+    // can, before the slower TTFTs fill a window.
+    const int prior_needed =
+        prefill ? PriorPrefillSize(o, d.forecast_load, lo, hi, prior_scale_) : 0;
+    if (prior_needed > current && prior_needed > needed) {
+      needed = prior_needed;
+      absl::StrAppendFormat(&d.detail,
+                            "prior: %.4g tok/s per busy worker predicts %.3gs (x%.2g); ",
+                            *o.prefill_tokens_per_busy_s,
+                            prior_scale_ * PriorPrefillTtft(o, d.forecast_load, current),
+                            prior_scale_);
+    }
     if (needed > current) {
       want = needed;
       d.reason = breached ? Reason::kSloBreached : Reason::kPredictedBreach;
@@ -220,18 +282,21 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     } else if (current > 1 && needed < current) {
       // 4. Hysteresis: one fewer must hold with margin.
       const int fewer = current - 1;
-      const double per_worker = d.forecast_load / fewer;
+      // Shrinking needs the load over the whole latency window low too, not
+      // only the recent demand (a lull of a few seconds is no reason).
+      const double down_load = std::max(d.forecast_load, window_load);
+      const double per_worker = down_load / fewer;
       const bool predicted_ok =
           LatencyModel::Predict(*fit, per_worker) <= options_.scale_down_target * slo;
       // Under load, only a measured latency is evidence; an idle pool may shrink.
       const bool observed_ok =
-          measured ? *latency <= options_.scale_down_target * slo : d.forecast_load == 0;
+          measured ? *latency <= options_.scale_down_target * slo : down_load == 0;
       // The workers' measured speed vetoes a curve fitted from too narrow
       // a range of loads: the remaining workers must not be near saturation.
-      const double prior = prefill ? PriorPrefillTtft(o, d.forecast_load, fewer) : kNaN;
+      const double prior = prefill ? PriorPrefillTtft(o, down_load, fewer) : kNaN;
       const bool prior_ok = std::isnan(prior) || prior <= options_.scale_down_target * slo;
       const bool known_load =
-          per_worker <= options_.extrapolation_limit * fit->max_observed_x || d.forecast_load == 0;
+          per_worker <= options_.extrapolation_limit * fit->max_observed_x || down_load == 0;
       if (predicted_ok && observed_ok && known_load && prior_ok) {
         want = fewer;
         d.reason = Reason::kSpareCapacity;
@@ -252,9 +317,10 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   }
   d.desired = want;
   d.detail +=
-      absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s forecast=%.1f", prefill ? "ttft" : "itl",
+      absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s (window %.1f) forecast=%.1f",
+                      prefill ? "ttft" : "itl",
                       measured ? absl::StrFormat("%.4gs", *latency) : std::string("none"), *ready,
-                      current, d.load, d.forecast_load);
+                      current, d.load, window_load, d.forecast_load);
   if (fit.has_value()) {
     absl::StrAppendFormat(&d.detail, " model(y0=%.4gs x_max=%.4g seen<=%.4g)", fit->y0, fit->x_max,
                           fit->max_observed_x);
@@ -276,6 +342,8 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
     st.last_current = current[pool];
     out.pools[pool] = Want(pool, o, current[pool]);
   }
+  PerPool<int> wanted;  // before the budget
+  for (Pool pool : kPools) wanted[pool] = out.pools[pool].desired;
 
   // 6. Budget: pools' minimums (or frozen sizes) first, then one worker at a
   // time to the pool with the highest predicted latency over its SLO.
@@ -294,12 +362,9 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
       for (Pool pool : kPools) {
         const PoolDecision& d = out.pools[pool];
         if (Frozen(d) || alloc[pool] >= d.desired) continue;
-        double pressure = PredictAt(pool, now, d.forecast_load, alloc[pool]) / Slo(pool);
-        if (std::isnan(pressure)) pressure = alloc[pool] < d.current ? kInf : 0;  // no model: keep
-        if (!std::isnan(d.latency_s) && alloc[pool] < d.current) {
-          pressure = std::max(pressure, d.latency_s / Slo(pool));
-        }
-        if (pressure > best_pressure) {
+        const double pressure = Pressure(pool, o, d, alloc[pool]);
+        // On a tie (both saturated, say) the pool that has the worker keeps it.
+        if (pressure > best_pressure || (pressure == best_pressure && alloc[pool] < d.current)) {
           best_pressure = pressure;
           best = pool;
         }
@@ -319,6 +384,10 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
 
   // 4-5. Stabilization and cool-downs; reductions first, so that growth
   // fits the budget with the sizes that actually result.
+  auto up_cooling = [&](Pool pool) {
+    const PoolState& st = state_[pool];
+    return st.last_change.has_value() && now - *st.last_change < options_.scale_up_cooldown;
+  };
   for (Pool pool : kPools) {
     PoolState& st = state_[pool];
     PoolDecision& d = out.pools[pool];
@@ -331,14 +400,25 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
       st.max_want_since_down = d.desired;
     }
     st.max_want_since_down = std::max(st.max_want_since_down, d.desired);
+    // A move under the budget: this pool would keep its size, the other is
+    // predicted to breach and needs the worker more. When this pool stays
+    // within its SLO with one fewer, it is the other pool's scale-up, so it
+    // does not wait out a stabilization window (only the longer one a move
+    // undone soon after earns), but it waits for the other pool to be able
+    // to grow. A move that only trades a breach for a smaller one waits
+    // like any scale-down.
+    const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current &&
+                      Pressure(pool, o, d, d.current - 1) <= 1;
+    const Pool other = pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill;
+    const absl::Duration stabilization = options_.stabilization * (st.backoff - (move ? 1 : 0));
     const bool cooling =
         st.last_change.has_value() && now - *st.last_change < options_.scale_down_cooldown;
-    if (cooling) {
-      absl::StrAppend(&d.detail, "; wants ", d.desired, ", cooling down");
+    if (cooling || (move && up_cooling(other))) {
+      absl::StrAppend(&d.detail, "; wants ", d.desired, ", cooling down",
+                      cooling ? "" : absl::StrCat(" (", PoolName(other), " is)"));
       d.desired = d.current;
       d.reason = Reason::kCooldown;
-    } else if (now - *st.down_since < options_.stabilization * st.backoff ||
-               st.max_want_since_down >= d.current) {
+    } else if (now - *st.down_since < stabilization || st.max_want_since_down >= d.current) {
       absl::StrAppend(&d.detail, "; wants ", d.desired, ", stabilizing");
       d.desired = d.current;
       d.reason = Reason::kStabilizing;
@@ -347,12 +427,9 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
     }
   }
   for (Pool pool : kPools) {
-    PoolState& st = state_[pool];
     PoolDecision& d = out.pools[pool];
     if (d.desired <= d.current) continue;
-    const bool cooling =
-        st.last_change.has_value() && now - *st.last_change < options_.scale_up_cooldown;
-    if (cooling) {
+    if (up_cooling(pool)) {
       absl::StrAppend(&d.detail, "; wants ", d.desired, ", cooling down");
       d.desired = d.current;
       d.reason = Reason::kCooldown;

@@ -8,23 +8,27 @@
 //   1. Inputs. Absent inputs (latency, load, ready workers) freeze the pool
 //      at its current size: a broken scrape never scales anything down.
 //   2. Learn. When the pool has been stable for `settle` and every worker
-//      it should have is serving, the point (throughput per worker, latency)
-//      joins its LatencyModel; the load joins its LoadForecast.
-//   3. Size. Load = max(now, forecast at `forecast_horizon`); the size is
-//      the least n whose predicted latency at load / n is within
-//      scale_up_target x SLO. Until the prefill pool has a curve, its
-//      workers' measured speed while computing stands in (a queue per
-//      worker: TTFT exponential with mean prompt compute time / (1 -
-//      utilisation), so its quantile q is -ln(1 - q) times that), for
-//      scaling up only; later it vetoes a scale-down the curve allows but
-//      the measured speed does not (a curve fitted at one load only). An
-//      observed breach the model does not explain adds one worker anyway,
-//      and so does a decode KV cache above kv_usage_high (it refuses
-//      requests before it slows them).
+//      it should have is serving, the point (throughput per worker over
+//      the latency window, latency) joins its LatencyModel; the demand now
+//      (the recent rates, Observation::recent_*) joins its LoadForecast.
+//   3. Size. Load = max(demand now, forecast at `forecast_horizon`); the
+//      size is the least n whose predicted latency at load / n is within
+//      scale_up_target x SLO. For the prefill pool its workers' measured
+//      speed while computing also sizes it up (a queue per worker: TTFT
+//      exponential with mean prompt compute time / (1 - utilisation), so
+//      its quantile q is -ln(1 - q) times that): alone until there is a
+//      curve, then beside it, calibrated by the TTFT measured at the
+//      window's load (a factor <= 1): the curve cannot see workers slowed
+//      since its points were taken. Uncalibrated, it vetoes a scale-down
+//      the curve allows (a curve fitted at one load only). An observed
+//      breach the model does not explain adds one worker anyway, and so
+//      does a decode KV cache above kv_usage_high (it refuses requests
+//      before it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
-//      no more than `extrapolation_limit` x the highest the model has seen.
+//      no more than `extrapolation_limit` x the highest the model has seen,
+//      for the latency window's load as well as the demand now.
 //      With load, a scale-down also needs the latency measured (a window
 //      with too few requests is no evidence); an idle pool may shrink.
 //      A scale-down must have been wanted for `stabilization` (then to the
@@ -35,7 +39,12 @@
 //      last change, no scale-down within `scale_down_cooldown`; up by at
 //      most `max_step_up` at once.
 //   6. Limits. [min, max] per pool; with `max_total_workers`, the budget
-//      goes to the pool under the most pressure (predicted latency / SLO).
+//      goes to the pool under the most pressure (Pressure: predicted
+//      latency / SLO; on a tie the pool that has the worker keeps it).
+//      Taking a worker from a pool that would keep it and stays within its
+//      SLO with one fewer is the other pool's scale-up: no stabilization
+//      window (only the extra wait an undone scale-down earned), once the
+//      receiver may grow.
 #pragma once
 
 #include <optional>
@@ -154,17 +163,32 @@ class Planner {
   // SLO, from the workers' measured speed while computing
   // (Observation::prefill_tokens_per_busy_s) and a single queue per worker;
   // 0 when that speed is not known.
-  int PriorPrefillSize(const Observation& o, double load, int lo, int hi) const;
+  // `scale` multiplies the prediction (prior_scale_).
+  int PriorPrefillSize(const Observation& o, double load, int lo, int hi, double scale) const;
   // That prediction (of the latency_quantile of TTFT) for `workers`
   // workers (NaN: speed or load unknown; inf: the load reaches their
   // speed). It also vetoes a scale-down of the prefill pool that it
   // predicts above scale_down_target x SLO.
-  double PriorPrefillTtft(const Observation& o, double load, int workers) const;
+  // The mean prompt is the recent rates' where there are some
+  // (`recent_prompts`), else the window's.
+  double PriorPrefillTtft(const Observation& o, double load, int workers,
+                          bool recent_prompts = true) const;
+  // How far over its SLO `pool` is predicted to be with `workers` workers
+  // at the forecast load (latency / SLO): the larger of its curve and, for
+  // prefill, the workers' measured speed (calibrated at the current size
+  // and above, raw below it); at most the current size, no less than the
+  // latency measured now. A pool without a prediction is 0 (inf below its
+  // current size: it keeps what it has).
+  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 
   PlannerOptions options_;
   PerPool<PoolState> state_;
+  // This interval's calibration of the prefill queue model (<= 1): the
+  // TTFT measured at the current size over what the model predicts for the
+  // window's load there; 1 while nothing is measured.
+  double prior_scale_ = 1;
 };
 
 }  // namespace pdserve::planner

@@ -14,6 +14,7 @@
 //     --cluster_sh=deploy/local/cluster.sh --ttft_slo=2 --itl_slo=0.05
 //   # Watch only: what it would do, against any cluster
 //   pdserve_planner --dry_run --router_metrics=127.0.0.1:9400 ...
+#include <algorithm>
 #include <atomic>
 #include <iostream>
 #include <memory>
@@ -39,6 +40,9 @@ ABSL_FLAG(double, latency_quantile, 0.9, "The quantile the SLOs are stated for (
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(15), "Time between decisions");
 ABSL_FLAG(absl::Duration, window, absl::Seconds(60),
           "Rates and latency quantiles are taken over this trailing window");
+ABSL_FLAG(absl::Duration, rate_window, absl::ZeroDuration(),
+          "The demand now: the router's rates also over this shorter trailing window (0: the "
+          "larger of 2 x --interval and --window / 4; at most --window)");
 ABSL_FLAG(int, min_prefill, 1, "Fewest prefill workers");
 ABSL_FLAG(int, max_prefill, 8, "Most prefill workers");
 ABSL_FLAG(int, min_decode, 1, "Fewest decode workers");
@@ -141,6 +145,10 @@ int Main() {
     return 2;
   }
   const std::string work = absl::GetFlag(FLAGS_cluster_work);
+  const absl::Duration window = absl::GetFlag(FLAGS_window);
+  absl::Duration rate_window = absl::GetFlag(FLAGS_rate_window);
+  if (rate_window <= absl::ZeroDuration()) rate_window = std::max(2 * interval, window / 4);
+  rate_window = std::min(rate_window, window);
 
   // Metrics source.
   std::unique_ptr<MetricsSource> source;
@@ -149,7 +157,8 @@ int Main() {
     source = std::make_unique<PrometheusSource>(
         PrometheusSourceOptions{.url = url,
                                 .selector = absl::GetFlag(FLAGS_prometheus_selector),
-                                .window = absl::GetFlag(FLAGS_window),
+                                .window = window,
+                                .rate_window = rate_window,
                                 .quantile = quantile,
                                 .http = http});
   } else {
@@ -166,7 +175,7 @@ int Main() {
       return 2;
     }
     source = std::make_unique<ScrapeSource>(
-        ScrapeSourceOptions{.window = absl::GetFlag(FLAGS_window), .quantile = quantile},
+        ScrapeSourceOptions{.window = window, .rate_window = rate_window, .quantile = quantile},
         std::move(discovery), HttpFetch(http));
   }
 
@@ -230,7 +239,8 @@ int Main() {
                     << (actuator ? actuator->Describe() : std::string("no actuator"))
                     << (absl::GetFlag(FLAGS_dry_run) ? " (dry run)" : "") << "; TTFT SLO "
                     << options->ttft_slo_s << " s, ITL SLO " << options->itl_slo_s << " s at p"
-                    << quantile * 100 << "; metrics on port " << (*server)->port();
+                    << quantile * 100 << "; windows " << window << " (latency) and "
+                    << rate_window << " (demand); metrics on port " << (*server)->port();
   while (!stop.HasBeenNotified()) {
     const absl::Time next = absl::Now() + interval;
     loop.Step();

@@ -54,6 +54,14 @@ struct Observation {
   std::optional<double> request_rate;
   std::optional<double> prompt_tokens_per_s;
   std::optional<double> output_tokens_per_s;
+  // The same three rates over a shorter trailing window (the source's
+  // rate_window): the demand now. The window above pairs its rates with
+  // its latency quantiles (what the capacity curves learn from) and lags a
+  // shift in the mix by up to its length. Absent (no shorter window
+  // configured, or not yet two scrapes in it): the window's rates stand in.
+  std::optional<double> recent_request_rate;
+  std::optional<double> recent_prompt_tokens_per_s;
+  std::optional<double> recent_output_tokens_per_s;
   // Pools, now: prompt tokens waiting for a prefill batch (summed over the
   // pool), decode sequences held (running + waiting for KV, summed), and the
   // decode pool's mean KV-cache usage ratio.

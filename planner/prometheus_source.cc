@@ -1,5 +1,6 @@
 #include "planner/prometheus_source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -65,6 +66,11 @@ PrometheusQueries MakeQueries(const PrometheusSourceOptions& o) {
   auto rate = [&](const char* metric) {
     return absl::StrCat("sum(rate(", metric, router, w, "))");
   };
+  const int64_t recent_s = absl::ToInt64Seconds(std::min(o.rate_window, o.window));
+  auto recent = [&](const char* metric) {
+    return recent_s <= 0 ? std::string()
+                         : absl::StrCat("sum(rate(", metric, router, "[", recent_s, "s]))");
+  };
   return PrometheusQueries{
       .ttft = quantile(kTtftMetric),
       .ttft_count = increase(kTtftMetric),
@@ -82,6 +88,9 @@ PrometheusQueries MakeQueries(const PrometheusSourceOptions& o) {
                                        kWaitingKvSequencesMetric, decode, ")"),
       .kv_usage = absl::StrCat("avg(", kKvUsageMetric, decode, ")"),
       .pool_workers = absl::StrCat("sum by (pool) (", kPoolWorkersMetric, router, ")"),
+      .recent_request_rate = recent(kRequestsMetric),
+      .recent_prompt_tokens = recent(kPromptTokensMetric),
+      .recent_output_tokens = recent(kGenerationTokensMetric),
   };
 }
 
@@ -127,6 +136,11 @@ Observation PrometheusSource::Read(absl::Time now) {
   o.request_rate = scalar(queries_.request_rate);
   o.prompt_tokens_per_s = scalar(queries_.prompt_tokens);
   o.output_tokens_per_s = scalar(queries_.output_tokens);
+  if (!queries_.recent_request_rate.empty()) {
+    o.recent_request_rate = scalar(queries_.recent_request_rate);
+    o.recent_prompt_tokens_per_s = scalar(queries_.recent_prompt_tokens);
+    o.recent_output_tokens_per_s = scalar(queries_.recent_output_tokens);
+  }
   o.prefill_queued_tokens = scalar(queries_.queued_tokens);
   o.prefill_tokens_per_busy_s = scalar(queries_.prefill_busy_rate);
   o.decode_sequences = scalar(queries_.decode_sequences);

@@ -20,6 +20,9 @@ struct PrometheusSourceOptions {
   std::string url;       // e.g. http://prometheus-operated.monitoring.svc:9090
   std::string selector;  // extra label matchers, comma separated; "" for none
   absl::Duration window = absl::Seconds(60);
+  // The router's rates also over this shorter range (Observation::recent_*);
+  // zero: not queried.
+  absl::Duration rate_window = absl::ZeroDuration();
   double quantile = 0.9;
   HttpOptions http;
 };
@@ -28,6 +31,8 @@ struct PrometheusSourceOptions {
 struct PrometheusQueries {
   std::string ttft, ttft_count, itl, itl_count, request_rate, prompt_tokens, output_tokens,
       queued_tokens, prefill_busy_rate, decode_sequences, kv_usage, pool_workers;
+  // Over rate_window; empty when it is zero.
+  std::string recent_request_rate, recent_prompt_tokens, recent_output_tokens;
 };
 PrometheusQueries MakeQueries(const PrometheusSourceOptions& options);
 

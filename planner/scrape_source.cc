@@ -149,11 +149,11 @@ Fetch HttpFetch(HttpOptions options) {
 }
 
 const ScrapeSource::Scrape* ScrapeSource::Baseline(const std::deque<Scrape>& history,
-                                                   absl::Time now) const {
+                                                   absl::Time now, absl::Duration window) {
   if (history.size() < 2) return nullptr;
   const Scrape* best = &history.front();
   for (size_t i = 0; i + 1 < history.size(); ++i) {
-    if (history[i].time <= now - options_.window) best = &history[i];
+    if (history[i].time <= now - window) best = &history[i];
   }
   return best;
 }
@@ -267,6 +267,31 @@ Observation ScrapeSource::Read(absl::Time now) {
           continue;
         }
         *rate += (after >= before ? after - before : after) / dt;
+      }
+    }
+    // The same rates over the shorter window: the demand now.
+    if (have_window && options_.rate_window > absl::ZeroDuration()) {
+      double recent_requests = 0, recent_prompt = 0, recent_generated = 0;
+      bool have_recent = true;
+      for (const auto* h : routers) {
+        const Scrape* base = Baseline(*h, now, std::min(options_.rate_window, options_.window));
+        const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
+        if (dt <= 0) {
+          have_recent = false;
+          break;
+        }
+        for (auto [metric, rate] : {std::pair{kRequestsMetric, &recent_requests},
+                                    std::pair{kPromptTokensMetric, &recent_prompt},
+                                    std::pair{kGenerationTokensMetric, &recent_generated}}) {
+          const double after = SumOf(h->back().samples, metric);
+          const double before = SumOf(base->samples, metric);
+          *rate += (after >= before ? after - before : after) / dt;
+        }
+      }
+      if (have_recent) {
+        o.recent_request_rate = recent_requests;
+        o.recent_prompt_tokens_per_s = recent_prompt;
+        o.recent_output_tokens_per_s = recent_generated;
       }
     }
     if (have_window) {

@@ -44,6 +44,9 @@ Fetch HttpFetch(HttpOptions options);
 
 struct ScrapeSourceOptions {
   absl::Duration window = absl::Seconds(30);
+  // The router's rates also over this shorter window (Observation::recent_*);
+  // zero: not computed.
+  absl::Duration rate_window = absl::ZeroDuration();
   double quantile = 0.9;
 };
 
@@ -61,7 +64,11 @@ class ScrapeSource final : public MetricsSource {
   };
   // The target's scrape nearest to `now - window` (at most that old when
   // possible), or none when it has only the latest.
-  const Scrape* Baseline(const std::deque<Scrape>& history, absl::Time now) const;
+  const Scrape* Baseline(const std::deque<Scrape>& history, absl::Time now) const {
+    return Baseline(history, now, options_.window);
+  }
+  static const Scrape* Baseline(const std::deque<Scrape>& history, absl::Time now,
+                                absl::Duration window);
 
   // The prefill pool's prompt tokens per second of step time over the
   // window (Observation::prefill_tokens_per_busy_s); none when a worker

@@ -312,6 +312,258 @@ TEST(PlannerDecisionTest, TheWorkersStepSpeedVetoesAScaleDownTheCurveAllows) {
   }
 }
 
+TEST(PlannerDecisionTest, AfterACurveTheWorkersMeasuredSpeedStillSizesThePrefillPoolUp) {
+  // A curve learnt while one prefill worker computed 2000 prompt tokens per
+  // second of step time (TTFT 0.2 s idle, x_max 2000). Then its measured
+  // speed falls to 800 (decode work beside it) and the demand now, over the
+  // recent window, is 700 tok/s, while the latency window still holds 400
+  // and a TTFT of 0.35 s. The curve predicts 0.31 s at 700: no reason to
+  // grow. The queue model, calibrated by what the window measured (0.35 s
+  // where it predicts 1.15 s: x0.30), predicts 1.38 s at 700: a second
+  // worker, before the TTFT has broken.
+  PlannerOptions options = TestOptions();
+  options.ttft_slo_s = 1.0;
+  options.prior_idle_fraction = 0.25;
+  const absl::Time t0 = absl::FromUnixSeconds(1700000000);
+  auto observe = [&](absl::Time t, double load, double ttft, double speed) {
+    Observation o = Observe(t, Truth{}, Demand{load, 10}, {1, 1});
+    o.ttft_s = ttft;
+    o.request_rate = load / 200;  // 200-token prompts
+    o.prefill_tokens_per_busy_s = speed;
+    return o;
+  };
+  for (const auto& [recent, expect] : {std::pair{700.0, 2}, std::pair{400.0, 1}}) {
+    Planner planner(options);
+    for (int i = 0; i < 30; ++i) {
+      const double load = i % 2 == 0 ? 200 : 600;
+      planner.Decide(observe(t0 + absl::Seconds(10 * i), load, 0.2 / (1 - load / 2000), 2000),
+                     {1, 1});
+    }
+    ASSERT_TRUE(planner.Curve(Pool::kPrefill, t0).has_value());
+    Observation o = observe(t0 + absl::Seconds(300), 400, 0.35, 800);
+    o.recent_prompt_tokens_per_s = recent;
+    o.recent_request_rate = recent / 200;
+    Decision d = planner.Decide(o, {1, 1});
+    EXPECT_EQ(d.pools.prefill.desired, expect) << "recent " << recent;
+    if (expect == 2) {
+      EXPECT_EQ(d.pools.prefill.reason, Reason::kPredictedBreach);
+      EXPECT_NE(d.pools.prefill.detail.find("prior: 800 tok/s"), std::string::npos)
+          << d.pools.prefill.detail;
+    } else {
+      // Uncalibrated, the queue model would predict 1.15 s here and grow.
+      EXPECT_EQ(d.pools.prefill.reason, Reason::kSteady) << d.pools.prefill.detail;
+    }
+  }
+}
+
+// A scripted shift in the mix, every 2 s, with the windows of a real
+// source: latency and rates over the last 20 s (quantiles as the mean of
+// each interval's), the demand now over the last 6 s. Prefill computes at
+// `prefill_speed` tokens/s per worker (TTFT 0.15 s idle); a decode worker
+// saturates at 600 generated tokens/s (ITL 12 ms idle).
+struct ShiftPhase {
+  int intervals;
+  double prompt_tokens_per_s, mean_prompt, output_tokens_per_s, prefill_speed;
+  // Each interval's arrivals are off their mean by up to this fraction
+  // (a fixed pseudo-random series): the recent window sees it most.
+  double noise = 0;
+};
+struct ShiftTrace {
+  std::vector<PerPool<int>> sizes;
+  std::vector<Decision> decisions;
+  std::vector<double> ttft, itl;  // the window's, as observed at each interval
+};
+ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
+                         const std::vector<ShiftPhase>& phases, bool with_recent) {
+  struct Tick {
+    double prompt, requests, output, ttft, itl;
+  };
+  Planner planner(options);
+  PerPool<int> sizes = start;
+  ShiftTrace trace;
+  std::vector<Tick> ticks;
+  const absl::Time t0 = absl::FromUnixSeconds(1700000000);
+  int i = 0;
+  uint32_t seed = 12345;
+  auto jitter = [&seed](double fraction) {  // in [1 - fraction, 1 + fraction]
+    seed = seed * 1664525u + 1013904223u;
+    return 1 + fraction * (2.0 * (seed >> 8) / (1u << 24) - 1);
+  };
+  for (const ShiftPhase& phase : phases) {
+    for (int k = 0; k < phase.intervals; ++k, ++i) {
+      const double prompt = phase.prompt_tokens_per_s * jitter(phase.noise);
+      const double output = phase.output_tokens_per_s * jitter(phase.noise);
+      const double ttft = TrueLatency(0.15, phase.prefill_speed, prompt, sizes.prefill);
+      const double itl = TrueLatency(0.012, 600, output, sizes.decode);
+      ticks.push_back({prompt, prompt / phase.mean_prompt,
+                       std::min(output, 0.98 * 600 * sizes.decode), ttft, itl});
+      auto mean = [&](int n, double Tick::*field) {
+        const int m = std::min<int>(n, static_cast<int>(ticks.size()));
+        double sum = 0;
+        for (int j = 0; j < m; ++j) sum += ticks[ticks.size() - 1 - j].*field;
+        return sum / m;
+      };
+      const absl::Time t = t0 + absl::Seconds(2 * i);
+      Observation o{.time = t};
+      o.ttft_s = mean(10, &Tick::ttft);
+      o.ttft_count = 100;
+      o.itl_s = mean(10, &Tick::itl);
+      o.itl_count = 1000;
+      o.request_rate = mean(10, &Tick::requests);
+      o.prompt_tokens_per_s = mean(10, &Tick::prompt);
+      o.output_tokens_per_s = mean(10, &Tick::output);
+      if (with_recent) {
+        o.recent_request_rate = mean(3, &Tick::requests);
+        o.recent_prompt_tokens_per_s = mean(3, &Tick::prompt);
+        o.recent_output_tokens_per_s = mean(3, &Tick::output);
+      }
+      o.prefill_queued_tokens = 0;
+      o.prefill_tokens_per_busy_s = phase.prefill_speed;
+      o.decode_sequences = 10;
+      o.decode_kv_usage = 0.3;
+      o.ready_workers = {sizes.prefill, sizes.decode};
+      Decision d = planner.Decide(o, sizes);
+      // Shrink first, as the control loop does.
+      for (bool grow : {false, true}) {
+        for (Pool pool : kPools) {
+          const int want = d.pools[pool].desired;
+          if (want == sizes[pool] || (want > sizes[pool]) != grow) continue;
+          sizes[pool] = want;
+          planner.Applied(pool, want, t);
+        }
+      }
+      trace.sizes.push_back(sizes);
+      trace.decisions.push_back(std::move(d));
+      trace.ttft.push_back(*o.ttft_s);
+      trace.itl.push_back(*o.itl_s);
+    }
+  }
+  return trace;
+}
+
+// The benchmark's planner settings: 3 workers, at most 2 per pool, TTFT
+// <= 1 s and ITL <= 30 ms at p90, short cool-downs.
+PlannerOptions ShiftOptions() {
+  PlannerOptions o;
+  o.ttft_slo_s = 1.0;
+  o.itl_slo_s = 0.03;
+  o.min_workers = {1, 1};
+  o.max_workers = {2, 2};
+  o.max_total_workers = 3;
+  o.scale_up_cooldown = absl::Seconds(6);
+  o.scale_down_cooldown = absl::Seconds(10);
+  o.stabilization = absl::Seconds(8);
+  o.settle = absl::Seconds(10);
+  o.forecast_horizon = absl::Seconds(4);
+  o.model.memory = absl::Seconds(60);
+  o.backlog_drain = absl::Seconds(1);
+  return o;
+}
+
+TEST(PlannerDecisionTest, AMixShiftMovesAWorkerToPrefillBeforeTheTtftBreaks) {
+  // Decode-heavy for 90 s (short prompts, 512 generated tokens/s: decode
+  // needs 2 workers, prefill 1), then mixed (614 prompt tokens/s of
+  // 192-token prompts at a prefill speed of 700 tok/s, which one worker
+  // cannot serve within 1 s; 205 generated tokens/s, which one decode
+  // worker serves within 30 ms). The planner starts at 1P+2D and must move
+  // the decode worker to prefill while the TTFT it observes (over 20 s) is
+  // still within the SLO.
+  const std::vector<ShiftPhase> phases = {{45, 128, 32, 512, 700}, {45, 614, 192, 205, 700}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+  for (int i = 0; i < 45; ++i) {
+    EXPECT_EQ(t.sizes[i].prefill, 1) << i;
+    EXPECT_EQ(t.sizes[i].decode, 2) << i;
+  }
+  int moved = -1;
+  for (int i = 45; i < 90 && moved < 0; ++i) {
+    if (t.sizes[i].prefill == 2) moved = i;
+  }
+  ASSERT_GE(moved, 0) << "never moved a worker to prefill";
+  EXPECT_EQ(t.sizes[moved].decode, 1) << "within the budget, in the same interval";
+  EXPECT_LE(t.ttft[moved], 1.0) << "moved only after the TTFT broke, at interval " << moved;
+  EXPECT_EQ(t.decisions[moved].pools.decode.reason, Reason::kBudget);
+  // And stays: no move back while the mix holds.
+  for (int i = moved; i < 90; ++i) {
+    EXPECT_EQ(t.sizes[i].prefill, 2) << i;
+    EXPECT_EQ(t.sizes[i].decode, 1) << i;
+  }
+  // With the latency window's rates alone, the demand lags the shift.
+  ShiftTrace lagging = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/false);
+  int lagging_moved = 90;
+  for (int i = 45; i < 90; ++i) {
+    if (lagging.sizes[i].prefill == 2) {
+      lagging_moved = i;
+      break;
+    }
+  }
+  EXPECT_LT(moved, lagging_moved);
+}
+
+TEST(PlannerDecisionTest, NoisyDemandDoesNotTradeAWorkerBackAndForth) {
+  // The same shift with every interval's demand off by up to 40%: one move
+  // to prefill, none back, in each pool.
+  const std::vector<ShiftPhase> phases = {{60, 128, 32, 512, 700, 0.4},
+                                          {60, 614, 192, 205, 700, 0.4}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+  EXPECT_EQ(t.sizes[59].prefill, 1);
+  EXPECT_EQ(t.sizes[59].decode, 2);
+  EXPECT_EQ(t.sizes.back().prefill, 2);
+  EXPECT_EQ(t.sizes.back().decode, 1);
+  for (Pool pool : kPools) {
+    int changes = 0;
+    for (size_t i = 1; i < t.sizes.size(); ++i) changes += t.sizes[i][pool] != t.sizes[i - 1][pool];
+    EXPECT_EQ(changes, 1) << PoolName(pool);
+  }
+}
+
+TEST(PlannerDecisionTest, AMoveThatOnlyTradesBreachesWaitsOutTheStabilization) {
+  // Decode with one worker fewer would breach its ITL SLO (450 tok/s: 48
+  // ms), prefill with one worker breaches far worse (614 tok/s at 640 tok/s
+  // per worker): the worker goes to prefill, but not at once.
+  // (The first phase's demand varies, so that decode's curve has a slope.)
+  const std::vector<ShiftPhase> phases = {{45, 128, 32, 450, 640, 0.4},
+                                          {30, 614, 192, 450, 640}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+  EXPECT_EQ(t.sizes[44].decode, 2);
+  int first_held = -1, moved = -1;
+  for (int i = 45; i < 75; ++i) {
+    const Reason r = t.decisions[i].pools.decode.reason;
+    if (first_held < 0 && r == Reason::kStabilizing) first_held = i;
+    if (moved < 0 && t.sizes[i].prefill == 2) moved = i;
+  }
+  ASSERT_GE(first_held, 45);
+  ASSERT_GE(moved, 0);
+  EXPECT_GE(2 * (moved - first_held), 8) << "moved before the 8 s stabilization";
+  EXPECT_EQ(t.sizes.back().prefill, 2);
+  EXPECT_EQ(t.sizes.back().decode, 1);
+}
+
+TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {
+  // Under the budget, prefill predicted to breach takes decode's second
+  // worker at once (no stabilization wait) when decode's own model
+  // predicts it stays within its SLO with one fewer; when decode with one
+  // fewer would be further over its SLO than prefill is, it keeps it.
+  for (const auto& [output, expect_prefill] : {std::pair{205.0, 2}, std::pair{560.0, 1}}) {
+    const std::vector<ShiftPhase> phases = {{45, 128, 32, output, 700},
+                                            {20, 500, 192, output, 700}};
+    ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
+    EXPECT_EQ(t.sizes[44].prefill, 1);
+    EXPECT_EQ(t.sizes[44].decode, 2) << "output " << output;
+    EXPECT_EQ(t.sizes.back().prefill, expect_prefill) << "output " << output;
+    EXPECT_EQ(t.sizes.back().prefill + t.sizes.back().decode, 3);
+    if (expect_prefill == 2) {
+      int first_want = -1, moved = -1;
+      for (int i = 45; i < 65; ++i) {
+        if (first_want < 0 && t.decisions[i].pools.prefill.reason == Reason::kPredictedBreach)
+          first_want = i;
+        if (moved < 0 && t.sizes[i].prefill == 2) moved = i;
+      }
+      EXPECT_GE(first_want, 45);
+      EXPECT_EQ(moved, first_want) << "waited to move";
+    }
+  }
+}
+
 TEST(PlannerDecisionTest, MissingMetricFreezesInsteadOfScalingDown) {
   // Load needs 3 decode workers; from interval 40 on the ITL series is
   // absent, from 60 on no scrape answers at all, and the demand collapses

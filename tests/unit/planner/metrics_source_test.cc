@@ -119,6 +119,40 @@ TEST(ScrapeSourceTest, ARestartedRouterCountsFromZero) {
   EXPECT_DOUBLE_EQ(*o.ttft_count, 5);
 }
 
+TEST(ScrapeSourceTest, TheDemandNowOverTheShorterRateWindow) {
+  // Scrapes every 2 s; 100 prompt tokens/s for 6 s, then 500/s. Over the
+  // 10 s window the rate lags; over the last 4 s it is the new one.
+  double prompt = 0, requests = 0, generated = 0;
+  ScrapeSource source({.window = absl::Seconds(10), .rate_window = absl::Seconds(4)},
+                      StaticTargets({.router = {"127.0.0.1:1"}}),
+                      [&](const std::string&) -> absl::StatusOr<std::string> {
+                        return Router(requests, requests, 0, 10, prompt, generated, 1, 1);
+                      });
+  Observation first = source.Read(kT0);
+  EXPECT_FALSE(first.recent_prompt_tokens_per_s.has_value()) << "one scrape is no window";
+  Observation o;
+  for (int s = 2; s <= 10; s += 2) {
+    const double rate = s <= 6 ? 100 : 500;
+    prompt += 2 * rate;
+    requests += 2 * rate / 100;
+    generated += 2 * 50;
+    o = source.Read(kT0 + absl::Seconds(s));
+  }
+  EXPECT_DOUBLE_EQ(*o.prompt_tokens_per_s, (600 + 2000) / 10.0);
+  EXPECT_DOUBLE_EQ(*o.recent_prompt_tokens_per_s, 500);
+  EXPECT_DOUBLE_EQ(*o.recent_request_rate, 5);
+  EXPECT_DOUBLE_EQ(*o.recent_output_tokens_per_s, 50);
+
+  // Without a rate window the recent rates are absent.
+  ScrapeSource plain({.window = absl::Seconds(10)}, StaticTargets({.router = {"127.0.0.1:1"}}),
+                     [&](const std::string&) -> absl::StatusOr<std::string> {
+                       return Router(requests, requests, 0, 10, prompt, generated, 1, 1);
+                     });
+  plain.Read(kT0);
+  prompt += 100;
+  EXPECT_FALSE(plain.Read(kT0 + absl::Seconds(2)).recent_prompt_tokens_per_s.has_value());
+}
+
 TEST(PrometheusSourceTest, QueriesAndAnswers) {
   PrometheusSourceOptions options{.url = "http://unused",
                                   .selector = "namespace=\"pdserve\"",
@@ -173,6 +207,14 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
 
   answers[q.request_rate] = R"({"status":"error","error":"bad query"})";
   EXPECT_FALSE(source.Read(kT0).request_rate.has_value());
+  EXPECT_FALSE(o.recent_prompt_tokens_per_s.has_value()) << "no rate window: not queried";
+
+  // With a rate window, the router's rates over it too.
+  options.rate_window = absl::Seconds(15);
+  const PrometheusQueries r = MakeQueries(options);
+  EXPECT_EQ(r.recent_prompt_tokens,
+            "sum(rate(pdserve_prompt_tokens_total{job=\"router\",namespace=\"pdserve\"}[15s]))");
+  EXPECT_TRUE(q.recent_prompt_tokens.empty());
 }
 
 }  // namespace

@@ -169,10 +169,7 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b
     const __m256i m = TailMask8(n - i);
     s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s0);
   }
-  const __m256 v = _mm256_add_ps(s0, s1);
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+  return HorizontalSum8(_mm256_add_ps(s0, s1));
 }
 
 __attribute__((target("avx2,fma"))) void AxpyAvx2(float a, const float* x, float* y, int n) {

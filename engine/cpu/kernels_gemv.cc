@@ -104,12 +104,6 @@ void QuantizeGroupsPortable(const float* w, int64_t n, int64_t k, float limit, T
 
 // ---- AVX2 + FMA: 8 lanes ----
 
-PDSERVE_AVX2 inline float HorizontalSum(__m256 v) {
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
 // Loaders of 8 weights as fp32, for GemvAvx2.
 struct F32x8 {
   PDSERVE_AVX2 static __m256 Load(const float* p) { return _mm256_loadu_ps(p); }
@@ -138,7 +132,7 @@ PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
       a3 = _mm256_fmadd_ps(Loader::Load(row + i + 24), _mm256_loadu_ps(x + i + 24), a3);
     }
     for (; i < k8; i += 8) a0 = _mm256_fmadd_ps(Loader::Load(row + i), _mm256_loadu_ps(x + i), a0);
-    float sum = HorizontalSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float sum = HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < k; ++i) sum += Loader::Value(row[i]) * x[i];
     y[r] = sum;
   }
@@ -175,7 +169,7 @@ PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const Int16
         acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc1);
       }
     }
-    float sum = HorizontalSum(_mm256_add_ps(acc0, acc1));
+    float sum = HorizontalSum8(_mm256_add_ps(acc0, acc1));
     if (g < groups) {
       int32_t dot = 0;
       for (int i = g * kInt8Group; i < k; ++i) dot += row[i] * xq[i];
@@ -507,7 +501,7 @@ PDSERVE_AVX2 void GemvManyAvx2(const T* w, const float* x, float* y, int ldy, in
     }
     for (int g = 0; g < G; ++g) {
       const float* xg = x + int64_t{g} * k;
-      float sum = HorizontalSum(
+      float sum = HorizontalSum8(
           _mm256_add_ps(_mm256_add_ps(a[g][0], a[g][1]), _mm256_add_ps(a[g][2], a[g][3])));
       for (int j = i; j < k; ++j) sum += Loader::Value(row[j]) * xg[j];
       y[int64_t{g} * ldy + r] = sum;
@@ -567,7 +561,7 @@ PDSERVE_AVX2 void GemvManyPairsAvx2(const T* w, const float* x, float* y, int ld
     AccumulatePairAvx2<Loader, T, G, 2, 3>(row, x, k, a);
     for (int g = 0; g < G; ++g) {
       const float* xg = x + int64_t{g} * k;
-      float sum = HorizontalSum(_mm256_add_ps(s01[g], _mm256_add_ps(a[g][0], a[g][1])));
+      float sum = HorizontalSum8(_mm256_add_ps(s01[g], _mm256_add_ps(a[g][0], a[g][1])));
       for (int j = k8; j < k; ++j) sum += Loader::Value(row[j]) * xg[j];
       y[int64_t{g} * ldy + r] = sum;
     }

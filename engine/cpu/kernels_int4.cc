@@ -44,12 +44,6 @@ void GemvInt4Portable(const uint8_t* q, const uint16_t* scales, const Int4Activa
 #define PDSERVE_AVX512_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-PDSERVE_AVX2_F16C inline float HorizontalSum8(__m256 v) {
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
 // Per group: the 16 bytes split into nibbles (low: values 0-15, high:
 // values 16-31, in order), multiplied as unsigned bytes by the signed
 // activations in pairs (vpmaddubsw: |2 * 15 * 127| fits int16), the pairs

@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/local/install_deps.sh
-cmake --preset default >/dev/null
+# shellcheck source=deploy/local/compiler_cache.sh
+. deploy/local/compiler_cache.sh
+cmake --preset default "${compiler_cache[@]}" >/dev/null
 cmake --build --preset default -j "$(nproc)"

@@ -21,6 +21,10 @@ PACKAGES=(
   libpcre2-dev libicu-dev
   # GPU emulation (gpu_emulation/): each emulated GPU thread is a fiber.
   libboost-context-dev
+  # A compiler cache (deploy/local/build.sh, tests/gpu/make_kit.sh): the
+  # CUDA build recompiles most of the default build's sources with the same
+  # commands, and a rebuild after a small change recompiles what changed.
+  ccache
 )
 
 missing=()

@@ -41,7 +41,9 @@ nvcc=/usr/local/cuda/bin/nvcc
 [ -x "$nvcc" ] || { echo "make_kit.sh: no CUDA toolkit at /usr/local/cuda" >&2; exit 1; }
 start=$(date +%s)
 
-cmake --preset cuda -DPDSERVE_KIT=ON >/dev/null
+# shellcheck source=deploy/local/compiler_cache.sh
+. deploy/local/compiler_cache.sh
+cmake --preset cuda -DPDSERVE_KIT=ON "${compiler_cache[@]}" >/dev/null
 cmake --build "$build" -j "$jobs" --target pdserve_cuda_all pdserve_router_main \
   pdserve_prefill_worker pdserve_decode_worker pdserve_client pdserve_make_model \
   pdserve_kv_transfer_bench pdserve_overlap_bench kv_peer

@@ -72,7 +72,7 @@ TEST(GemvTest, F32AndBf16MatchTheExactProductOnEveryIsa) {
 TEST(GemvTest, ManyVectorsGiveEachVectorsGemvExactly) {
   uint32_t seed = 90;
   for (int m : {2, 3, 4, 5, 6, 7, 8, 13, 16}) {
-    for (int n : {1, 17}) {
+    for (int n : {1, 2, 17}) {  // one row, a pair of rows, pairs and one more
       for (int k : {7, 32, 33, 100, 777}) {
         const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
         const std::vector<float> x = Normal(int64_t{m} * k, ++seed);

@@ -18,7 +18,8 @@
 # sanitize) every test labelled unit or gpu_emulated and the integration
 # tests labelled sanitize: cluster_test (the disaggregated flow through
 # real processes and KV transfer), openai_http_test (the HTTP front end),
-# auth_test (TLS and tokens), drain_exit_test (shutdown paths). A report of
+# auth_test (TLS and tokens), drain_exit_test (shutdown paths),
+# subprocess_test (a crashed test ends its servers). A report of
 # either sanitizer fails its test (UBSan halts, LeakSanitizer reports at
 # exit). Left out, for CI's time (the whole CI run must stay under an hour
 # on 2 cores; docs/performance.md, "Sanitizer run"), not for a finding:

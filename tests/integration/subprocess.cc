@@ -6,8 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -21,6 +24,85 @@
 extern char** environ;
 
 namespace pdserve::testing {
+
+namespace {
+
+// The children not yet reaped, so that a test that crashes (an abort, a
+// segmentation fault) or is interrupted ends them too instead of leaving
+// its servers running. A slot is cleared before its pid is reaped, so a
+// pid reused by another process is never signalled.
+constexpr int kMaxChildren = 512;
+std::array<std::atomic<pid_t>, kMaxChildren> live_children{};
+constexpr std::array<int, 6> kFatalSignals = {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGTERM, SIGINT};
+std::array<struct sigaction, kFatalSignals.size()> previous_actions;
+
+// Async-signal-safe: kill(2), sigaction(2) and raise(3) only.
+void EndChildrenAndReraise(int sig, siginfo_t* info, void* context) {
+  for (std::atomic<pid_t>& slot : live_children) {
+    const pid_t pid = slot.load(std::memory_order_relaxed);
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+  for (size_t i = 0; i < kFatalSignals.size(); ++i) {
+    if (kFatalSignals[i] != sig) continue;
+    const struct sigaction& before = previous_actions[i];
+    if ((before.sa_flags & SA_SIGINFO) && before.sa_sigaction != nullptr) {
+      before.sa_sigaction(sig, info, context);  // a sanitizer's report, say
+      return;
+    }
+    if (before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN && before.sa_handler != nullptr) {
+      before.sa_handler(sig);
+      return;
+    }
+    sigaction(sig, &before, nullptr);
+    raise(sig);
+  }
+}
+
+void InstallCrashCleanup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (size_t i = 0; i < kFatalSignals.size(); ++i) {
+      sigaction(kFatalSignals[i], nullptr, &previous_actions[i]);
+      if (previous_actions[i].sa_handler == SIG_IGN) continue;  // (nohup: SIGINT stays ignored)
+      struct sigaction action {};
+      action.sa_sigaction = EndChildrenAndReraise;
+      action.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
+      sigemptyset(&action.sa_mask);
+      sigaction(kFatalSignals[i], &action, &previous_actions[i]);
+    }
+  });
+}
+
+void RegisterChild(pid_t pid) {
+  InstallCrashCleanup();
+  for (std::atomic<pid_t>& slot : live_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void UnregisterChild(pid_t pid) {
+  for (std::atomic<pid_t>& slot : live_children) {
+    pid_t expected = pid;
+    if (slot.compare_exchange_strong(expected, 0)) return;
+  }
+}
+
+// If `pid` has exited: forgets it, then reaps it (its status in `status`).
+// Checked without reaping first, so the pid stays this process's zombie
+// until no handler can signal it.
+bool ReapIfExited(pid_t pid, int* status) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid) {
+    return false;
+  }
+  UnregisterChild(pid);
+  waitpid(pid, status, 0);
+  return true;
+}
+
+}  // namespace
 
 Subprocess::~Subprocess() { Stop(absl::Seconds(5)); }
 
@@ -48,6 +130,7 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv, const std::
     pid_ = -1;
     return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", strerror(rc)));
   }
+  RegisterChild(pid_);
   return absl::OkStatus();
 }
 
@@ -56,7 +139,7 @@ absl::StatusOr<std::map<std::string, std::string>> Subprocess::WaitReady(const s
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status = 0;
-    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+    if (pid_ > 0 && ReapIfExited(pid_, &status)) {
       pid_ = -1;
       return absl::InternalError(absl::StrCat("process exited before ready; log:\n", ReadLog()));
     }
@@ -79,13 +162,14 @@ int Subprocess::Stop(absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;
   int status = 0;
   while (absl::Now() < deadline) {
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    if (ReapIfExited(pid_, &status)) {
       pid_ = -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
   kill(pid_, SIGKILL);
+  UnregisterChild(pid_);
   waitpid(pid_, &status, 0);
   pid_ = -1;
   return -SIGKILL;
@@ -94,6 +178,7 @@ int Subprocess::Stop(absl::Duration grace) {
 void Subprocess::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
+  UnregisterChild(pid_);
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;

@@ -49,7 +49,7 @@ void EndChildrenAndReraise(int sig, siginfo_t* info, void* context) {
       before.sa_sigaction(sig, info, context);  // a sanitizer's report, say
       return;
     }
-    if (before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN && before.sa_handler != nullptr) {
+    if (before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN) {
       before.sa_handler(sig);
       return;
     }

@@ -52,7 +52,7 @@ TEST(SubprocessTest, AnAbortEndsTheChildren) { ExpectChildrenEndedOn(SIGABRT); }
 
 TEST(SubprocessTest, ATerminationEndsTheChildren) { ExpectChildrenEndedOn(SIGTERM); }
 
-TEST(SubprocessTest, StoppedChildIsReapedAndForgotten) {
+TEST(SubprocessTest, StoppedChildIsReaped) {
   Subprocess child;
   ASSERT_TRUE(child.Start({"/bin/sleep", "300"}, ::testing::TempDir() + "/subprocess_stop.log").ok());
   const pid_t pid = child.pid();

@@ -39,14 +39,20 @@ pool_size() {  # metrics_port pool
     sed -n "s/^pdserve_pool_workers{pool=\"$2\"} \([0-9]*\).*/\1/p" || true
 }
 
-wait_pools() {  # work prefill decode
-  local metrics
+# "alive" stands for the workers running now, counted again at each try: a
+# worker drained meanwhile leaves the router's list when it exits, and a
+# count taken once would then wait out the 10 s.
+wait_pools() {  # work prefill|alive decode|alive
+  local metrics want_p want_d
   metrics=$(json_field "$1/router.ready" metrics_port)
   for _ in $(seq 1 100); do
-    [ "$(pool_size "$metrics" prefill)" = "$2" ] && [ "$(pool_size "$metrics" decode)" = "$3" ] && return 0
+    want_p=$2 want_d=$3
+    [ "$want_p" = alive ] && want_p=$(count_alive "$1" prefill)
+    [ "$want_d" = alive ] && want_d=$(count_alive "$1" decode)
+    [ "$(pool_size "$metrics" prefill)" = "$want_p" ] && [ "$(pool_size "$metrics" decode)" = "$want_d" ] && return 0
     sleep 0.1
   done
-  echo "the router does not list $2 prefill and $3 decode workers yet" >&2
+  echo "the router does not list $want_p prefill and $want_d decode workers yet" >&2
 }
 
 # WORK/pids and the Prometheus target files are rewritten by add-* and
@@ -140,7 +146,7 @@ case "$cmd" in
     role=${cmd#add-}
     start_worker "$work" "$role"
     locked "$work" write_targets "$work"
-    wait_pools "$work" "$(count_alive "$work" prefill)" "$(count_alive "$work" decode)"
+    wait_pools "$work" alive alive
     exit 0 ;;
   drain)
     work=${1:?usage: cluster.sh drain WORK PID}

@@ -11,6 +11,11 @@ ClientMetrics::ClientMetrics(prometheus::Registry& r)
       inter_token_latency(MakeHistogram(r, "pdserve_inter_token_latency_seconds",
                                         "Time between consecutive streamed tokens",
                                         InterTokenLatencyBuckets())),
+      time_per_output_token(MakeHistogram(
+          r, "pdserve_time_per_output_token_seconds",
+          "Per request: mean time between its streamed tokens after the first (TPOT), "
+          "observed when it ends with two tokens or more",
+          InterTokenLatencyBuckets())),
       e2e_latency(MakeHistogram(r, "pdserve_e2e_request_latency_seconds",
                                 "Request arrival to last message", LatencyBuckets())),
       queue_time(MakeHistogram(r, "pdserve_request_queue_time_seconds",

@@ -29,6 +29,11 @@ struct ClientMetrics {
 
   prometheus::Histogram& time_to_first_token;
   prometheus::Histogram& inter_token_latency;
+  // Per request: its mean gap after the first token (TPOT), observed when
+  // it ends with two tokens or more. A per-request SLO on decode speed
+  // reads this one; a stall of a few gaps moves it less than the gaps' own
+  // quantiles.
+  prometheus::Histogram& time_per_output_token;
   prometheus::Histogram& e2e_latency;
   prometheus::Histogram& queue_time;
   prometheus::Family<prometheus::Counter>& requests;  // label finish_reason

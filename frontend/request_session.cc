@@ -201,6 +201,9 @@ Delta RequestSession::FinishLocked(engine::FinishReason reason) {
   t.prefill_worker = placement.prefill_worker;
   t.decode_worker = placement.decode_worker;
   manager_->metrics_->e2e_latency.Observe(t.e2e_seconds);
+  if (completion_tokens_ > 1) {
+    manager_->metrics_->time_per_output_token.Observe(t.mean_inter_token_seconds);
+  }
   EndLocked(FinishLabel(reason));
   return last;
 }

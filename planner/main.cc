@@ -36,6 +36,11 @@
 
 ABSL_FLAG(double, ttft_slo, 2.0, "TTFT SLO in seconds, on the router's --latency_quantile");
 ABSL_FLAG(double, itl_slo, 0.1, "Inter-token latency SLO in seconds, on the same quantile");
+ABSL_FLAG(std::string, decode_latency, "itl",
+          "What --itl_slo is on: itl (the router's every token gap, "
+          "pdserve_inter_token_latency_seconds; a window needs 50 gaps) or tpot (each "
+          "request's mean gap, pdserve_time_per_output_token_seconds, observed as it ends; "
+          "a window needs 5 requests)");
 ABSL_FLAG(double, latency_quantile, 0.9, "The quantile the SLOs are stated for (0.9: p90)");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(15), "Time between decisions");
 ABSL_FLAG(absl::Duration, window, absl::Seconds(60),
@@ -127,6 +132,13 @@ absl::StatusOr<PlannerOptions> OptionsFromFlags() {
   o.kv_usage_high = absl::GetFlag(FLAGS_kv_usage_high);
   o.model.memory = absl::GetFlag(FLAGS_model_memory);
   o.backlog_drain = absl::Seconds(o.ttft_slo_s);
+  const std::string decode_latency = absl::GetFlag(FLAGS_decode_latency);
+  if (decode_latency == "tpot") {
+    o.min_itl_count = o.min_ttft_count;  // requests, not gaps
+  } else if (decode_latency != "itl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode_latency=", decode_latency, " is not itl or tpot"));
+  }
   if (absl::Status s = o.Validate(); !s.ok()) return s;
   return o;
 }
@@ -145,6 +157,8 @@ int Main() {
     return 2;
   }
   const std::string work = absl::GetFlag(FLAGS_cluster_work);
+  const std::string decode_metric =
+      absl::GetFlag(FLAGS_decode_latency) == "tpot" ? kTpotMetric : kItlMetric;
   const absl::Duration window = absl::GetFlag(FLAGS_window);
   absl::Duration rate_window = absl::GetFlag(FLAGS_rate_window);
   if (rate_window <= absl::ZeroDuration()) rate_window = std::max(2 * interval, window / 4);
@@ -160,6 +174,7 @@ int Main() {
                                 .window = window,
                                 .rate_window = rate_window,
                                 .quantile = quantile,
+                                .decode_latency_metric = decode_metric,
                                 .http = http});
   } else {
     TargetDiscovery discovery;
@@ -175,7 +190,10 @@ int Main() {
       return 2;
     }
     source = std::make_unique<ScrapeSource>(
-        ScrapeSourceOptions{.window = window, .rate_window = rate_window, .quantile = quantile},
+        ScrapeSourceOptions{.window = window,
+                            .rate_window = rate_window,
+                            .quantile = quantile,
+                            .decode_latency_metric = decode_metric},
         std::move(discovery), HttpFetch(http));
   }
 
@@ -238,7 +256,8 @@ int Main() {
   PDSERVE_LOG(INFO) << "pdserve " << VersionString() << " planner: " << source->Describe() << "; "
                     << (actuator ? actuator->Describe() : std::string("no actuator"))
                     << (absl::GetFlag(FLAGS_dry_run) ? " (dry run)" : "") << "; TTFT SLO "
-                    << options->ttft_slo_s << " s, ITL SLO " << options->itl_slo_s << " s at p"
+                    << options->ttft_slo_s << " s, ITL SLO (" << absl::GetFlag(FLAGS_decode_latency)
+                    << ") " << options->itl_slo_s << " s at p"
                     << quantile * 100 << "; windows " << window << " (latency) and "
                     << rate_window << " (demand); metrics on port " << (*server)->port();
   while (!stop.HasBeenNotified()) {

@@ -15,6 +15,8 @@ namespace pdserve::planner {
 // (prefill_worker/prefill_metrics.cc, decode_worker/decode_metrics.cc).
 inline constexpr char kTtftMetric[] = "pdserve_time_to_first_token_seconds";
 inline constexpr char kItlMetric[] = "pdserve_inter_token_latency_seconds";
+// Per request, its mean gap (TPOT): the decode latency with --decode_latency=tpot.
+inline constexpr char kTpotMetric[] = "pdserve_time_per_output_token_seconds";
 inline constexpr char kRequestsMetric[] = "pdserve_requests_total";
 inline constexpr char kPromptTokensMetric[] = "pdserve_prompt_tokens_total";
 inline constexpr char kGenerationTokensMetric[] = "pdserve_generation_tokens_total";

@@ -74,8 +74,8 @@ PrometheusQueries MakeQueries(const PrometheusSourceOptions& o) {
   return PrometheusQueries{
       .ttft = quantile(kTtftMetric),
       .ttft_count = increase(kTtftMetric),
-      .itl = quantile(kItlMetric),
-      .itl_count = increase(kItlMetric),
+      .itl = quantile(o.decode_latency_metric.c_str()),
+      .itl_count = increase(o.decode_latency_metric.c_str()),
       .request_rate = rate(kRequestsMetric),
       .prompt_tokens = rate(kPromptTokensMetric),
       .output_tokens = rate(kGenerationTokensMetric),

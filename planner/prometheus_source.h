@@ -24,6 +24,8 @@ struct PrometheusSourceOptions {
   // zero: not queried.
   absl::Duration rate_window = absl::ZeroDuration();
   double quantile = 0.9;
+  // As ScrapeSourceOptions::decode_latency_metric.
+  std::string decode_latency_metric = kItlMetric;
   HttpOptions http;
 };
 

@@ -242,7 +242,8 @@ Observation ScrapeSource::Read(absl::Time now) {
         have_window = false;
         break;
       }
-      for (auto [metric, sum] : {std::pair{kTtftMetric, &ttft}, std::pair{kItlMetric, &itl}}) {
+      for (auto [metric, sum] : {std::pair{kTtftMetric, &ttft},
+                                 std::pair{options_.decode_latency_metric.c_str(), &itl}}) {
         HistogramBuckets after = HistogramOf(cur.samples, metric);
         HistogramBuckets before = HistogramOf(base->samples, metric);
         if (after.empty()) {

@@ -48,6 +48,9 @@ struct ScrapeSourceOptions {
   // zero: not computed.
   absl::Duration rate_window = absl::ZeroDuration();
   double quantile = 0.9;
+  // The router's histogram the decode pool's latency is read from: every
+  // token gap (kItlMetric) or each request's mean gap (kTpotMetric).
+  std::string decode_latency_metric = kItlMetric;
 };
 
 class ScrapeSource final : public MetricsSource {

@@ -108,7 +108,7 @@ run_setup() {  # setup round
   if [ "$1" = planner ]; then
     rm -f "$out/planner-round$2.jsonl"
     "$bin/planner/pdserve_planner" --actuator=local --cluster_work="$out/cluster" --cluster_sh="$cluster" \
-      --ttft_slo="$ttft_slo" --itl_slo="$itl_slo" --latency_quantile=0.9 --interval=2s --window=20s \
+      --ttft_slo="$ttft_slo" --itl_slo="$itl_slo" --decode_latency=tpot --latency_quantile=0.9 --interval=2s --window=20s \
       --min_prefill=1 --max_prefill=2 --min_decode=1 --max_decode=2 --max_total_workers=3 \
       --scale_up_cooldown=6s --scale_down_cooldown=10s --stabilization=8s --settle=10s \
       --forecast_horizon=4s --model_memory=60s --decisions_out="$out/planner-round$2.jsonl" \

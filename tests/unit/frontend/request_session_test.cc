@@ -125,6 +125,10 @@ TEST_F(RequestSessionTest, StreamsDetokenizedDeltasThenTheLastMessage) {
   // Three deltas with tokens: two gaps, plus one zero for the token that
   // arrived with another.
   EXPECT_EQ(Count(metrics_.inter_token_latency), 3u);
+  // One request, one mean gap: its value is the timings' mean.
+  EXPECT_EQ(Count(metrics_.time_per_output_token), 1u);
+  EXPECT_DOUBLE_EQ(metrics_.time_per_output_token.Collect().histogram.sample_sum,
+                   last.timings.mean_inter_token_seconds);
   EXPECT_EQ(Count(metrics_.queue_time), 1u);
   EXPECT_EQ(Count(metrics_.e2e_latency), 1u);
   EXPECT_EQ(metrics_.generation_tokens.Value(), 4);

@@ -119,6 +119,35 @@ TEST(ScrapeSourceTest, ARestartedRouterCountsFromZero) {
   EXPECT_DOUBLE_EQ(*o.ttft_count, 5);
 }
 
+TEST(ScrapeSourceTest, DecodeLatencyFromThePerRequestHistogramWhenAsked) {
+  // Gaps all in (0.01, 0.02]; the 8 requests' mean gaps in (0.005, 0.01].
+  double gaps = 100, requests = 8;
+  auto page = [&] {
+    return absl::StrCat(Router(requests, requests, 0, gaps, 100, 100, 1, 1),
+                        "pdserve_time_per_output_token_seconds_bucket{le=\"0.005\"} 0\n",
+                        "pdserve_time_per_output_token_seconds_bucket{le=\"0.01\"} ", requests,
+                        "\n", "pdserve_time_per_output_token_seconds_bucket{le=\"+Inf\"} ",
+                        requests, "\n");
+  };
+  auto fetch = [&](const std::string&) -> absl::StatusOr<std::string> { return page(); };
+  ScrapeSource gap({.window = absl::Seconds(10)}, StaticTargets({.router = {"127.0.0.1:1"}}),
+                   fetch);
+  ScrapeSource tpot({.window = absl::Seconds(10), .decode_latency_metric = kTpotMetric},
+                    StaticTargets({.router = {"127.0.0.1:1"}}), fetch);
+  gap.Read(kT0);
+  tpot.Read(kT0);
+  gaps = 300, requests = 18;
+  Observation by_gap = gap.Read(kT0 + absl::Seconds(10));
+  Observation by_request = tpot.Read(kT0 + absl::Seconds(10));
+  EXPECT_NEAR(*by_gap.itl_s, 0.019, 1e-9);
+  EXPECT_DOUBLE_EQ(*by_gap.itl_count, 200);
+  EXPECT_NEAR(*by_request.itl_s, 0.0095, 1e-9);
+  EXPECT_DOUBLE_EQ(*by_request.itl_count, 10);
+  EXPECT_EQ(MakeQueries({.window = absl::Seconds(60), .decode_latency_metric = kTpotMetric}).itl,
+            "histogram_quantile(0.9, sum by (le) (rate(pdserve_time_per_output_token_seconds_bucket"
+            "{job=\"router\"}[60s])))");
+}
+
 TEST(ScrapeSourceTest, TheDemandNowOverTheShorterRateWindow) {
   // Scrapes every 2 s; 100 prompt tokens/s for 6 s, then 500/s. Over the
   // 10 s window the rate lags; over the last 4 s it is the new one.

@@ -42,14 +42,16 @@ bool ControlLoop::Step() {
   Log(d);
   if (!options_.decisions_out.empty()) Append(d, o);
   if (options_.dry_run || actuator_ == nullptr) return true;
-  // Shrink first: a budget is never exceeded, even for a moment.
+  // Shrink first: a budget is never exceeded, even for a moment. One time
+  // for the round: a shrink and a growth applied together are one move.
+  const absl::Time applied_at = clock_();
   for (bool grow : {false, true}) {
     for (Pool pool : kPools) {
       const PoolDecision& p = d.pools[pool];
       if (p.desired == p.current || (p.desired > p.current) != grow) continue;
       absl::Status s = actuator_->Scale(pool, p.desired);
       if (s.ok()) {
-        planner_.Applied(pool, p.desired, clock_());
+        planner_.Applied(pool, p.desired, applied_at);
         metrics_.CountScaling(pool, grow);
       } else {
         PDSERVE_LOG(ERROR) << "planner: scaling " << PoolName(pool) << " to " << p.desired
@@ -93,6 +95,7 @@ void ControlLoop::Append(const Decision& d, const Observation& o) {
         {"predicted_latency_s", Number(p.predicted_latency_s)},
         {"load", Number(p.load)},
         {"forecast_load", Number(p.forecast_load)},
+        {"window_load", Number(p.window_load)},
         {"capacity_per_worker", Number(p.capacity_per_worker)},
         {"dry_run", options_.dry_run}};
     out << line.dump() << "\n";

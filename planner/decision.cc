@@ -125,15 +125,16 @@ double Planner::PriorPrefillTtft(const Observation& o, double load, int workers,
   return -std::log1p(-options_.latency_quantile) * service_s / (1 - utilisation);
 }
 
-double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d,
-                         int workers) const {
-  double predicted = PredictAt(pool, o.time, d.forecast_load, workers);
+double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers,
+                         double load) const {
+  if (std::isnan(load)) load = d.forecast_load;
+  double predicted = PredictAt(pool, o.time, load, workers);
   if (pool == Pool::kPrefill) {
     // Calibrated to ask for workers; raw to give one up, as for the veto on
     // a scale-down (a queue per worker errs high, by more at low load, so
     // the calibration at one load can be too kind at a higher one).
     const double scale = workers < d.current ? 1.0 : prior_scale_;
-    const double prior = scale * PriorPrefillTtft(o, d.forecast_load, workers);
+    const double prior = scale * PriorPrefillTtft(o, load, workers);
     if (!std::isnan(prior)) predicted = std::isnan(predicted) ? prior : std::max(predicted, prior);
   }
   double pressure = predicted / Slo(pool);
@@ -166,6 +167,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
                  .latency_s = kNaN,
                  .load = kNaN,
                  .forecast_load = kNaN,
+                 .window_load = kNaN,
                  .predicted_latency_s = kNaN,
                  .capacity_per_worker = kNaN};
   // 1. Inputs.
@@ -204,6 +206,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     return d;
   }
   d.load = *load;
+  d.window_load = window_load;
   const double min_count = prefill ? options_.min_ttft_count : options_.min_itl_count;
   const bool measured = *count >= min_count && std::isfinite(*latency) && *latency > 0;
   if (measured) d.latency_s = *latency;
@@ -406,9 +409,15 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
     // does not wait out a stabilization window (only the longer one a move
     // undone soon after earns), but it waits for the other pool to be able
     // to grow. A move that only trades a breach for a smaller one waits
-    // like any scale-down.
+    // like any scale-down. A donor that got the worker by a move itself is
+    // judged at its sustained load (the larger of the demand now and the
+    // latency window's), as a scale-down is: moved back in a lull of its
+    // demand, the worker would be moved again when the lull ends, and each
+    // move costs a drain and a start.
+    const double donor_load =
+        st.moved_in ? std::max(d.forecast_load, d.window_load) : d.forecast_load;
     const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current &&
-                      Pressure(pool, o, d, d.current - 1) <= 1;
+                      Pressure(pool, o, d, d.current - 1, donor_load) <= 1;
     const Pool other = pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill;
     const absl::Duration stabilization = options_.stabilization * (st.backoff - (move ? 1 : 0));
     const bool cooling =
@@ -466,6 +475,10 @@ void Planner::Applied(Pool pool, int replicas, absl::Time time) {
     st.backoff = std::min(8, st.backoff * 2);
   }
   if (replicas < before) st.last_down = time;
+  // Growth at the moment the other pool shrank: a move under the budget
+  // (the caller applies reductions first).
+  const PoolState& other = state_[pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill];
+  st.moved_in = replicas > before && other.last_down == time;
   st.last_change = time;
   st.last_applied = replicas;
   st.down_since.reset();

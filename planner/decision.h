@@ -44,9 +44,15 @@
 //      Taking a worker from a pool that would keep it and stays within its
 //      SLO with one fewer is the other pool's scale-up: no stabilization
 //      window (only the extra wait an undone scale-down earned), once the
-//      receiver may grow.
+//      receiver may grow. "Stays within" is judged at the demand now (a
+//      shift in the mix moves the worker early), except when the donor got
+//      that worker by such a move itself: moving it back is judged at the
+//      larger of the demand now and the latency window's load, as a
+//      scale-down is (a lull of a few seconds in the demand of the pool
+//      that just received a worker is no reason to trade it back).
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -116,6 +122,7 @@ struct PoolDecision {
   double latency_s = 0;            // observed quantile (NaN: none this window)
   double load = 0;                 // tokens/s now (NaN: absent)
   double forecast_load = 0;        // tokens/s at the horizon
+  double window_load = 0;          // tokens/s over the latency window (NaN: absent)
   double predicted_latency_s = 0;  // at `desired` and the forecast load (NaN: no model)
   double capacity_per_worker = 0;  // tokens/s per worker at scale_up_target x SLO
   std::string detail;              // one line of the numbers behind it
@@ -155,6 +162,9 @@ class Planner {
     int max_want_since_down = 0;
     std::optional<absl::Time> last_down;  // the last scale-down applied
     int backoff = 1;                      // x stabilization, after undone scale-downs
+    // The pool's last change was a worker moved in from the other pool
+    // under the budget: moving it back is judged at the sustained load.
+    bool moved_in = false;
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
   PoolDecision Want(Pool pool, const Observation& o, int current);
@@ -179,7 +189,9 @@ class Planner {
   // and above, raw below it); at most the current size, no less than the
   // latency measured now. A pool without a prediction is 0 (inf below its
   // current size: it keeps what it has).
-  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers) const;
+  // `load`: the load it is predicted at; NaN: the forecast load.
+  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers,
+                  double load = std::numeric_limits<double>::quiet_NaN()) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 

@@ -538,6 +538,36 @@ TEST(PlannerDecisionTest, AMoveThatOnlyTradesBreachesWaitsOutTheStabilization) {
   EXPECT_EQ(t.sizes.back().decode, 1);
 }
 
+TEST(PlannerDecisionTest, AWorkerMovedInIsNotMovedBackInALull) {
+  // Prefill-heavy at 2P+1D, then decode-heavy: the worker moves to decode
+  // at once (decode's demand is past one worker, prefill's within one).
+  // Then decode's demand dips for 6 s while prefill's rises, and comes
+  // back. In the dip decode's demand now would do with one worker, but not
+  // the load over its latency window, and decode got that worker by a move:
+  // it keeps it. After the dip decode needs it more than prefill does, so
+  // a move back would have been undone again.
+  const std::vector<ShiftPhase> phases = {{30, 500, 256, 100, 700, 0.4},
+                                          {45, 128, 32, 560, 700, 0.4},
+                                          {3, 400, 192, 100, 700},
+                                          {20, 400, 192, 560, 700}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {2, 1}, phases, /*with_recent=*/true);
+  int moved = -1;
+  for (int i = 30; i < 75 && moved < 0; ++i) {
+    if (t.sizes[i].decode == 2) moved = i;
+  }
+  ASSERT_GE(moved, 30) << "never moved the worker to decode";
+
+  EXPECT_EQ(t.sizes[moved].prefill, 1);
+  for (size_t i = moved; i < t.sizes.size(); ++i) {
+    EXPECT_EQ(t.sizes[i].prefill, 1) << i << ": " << t.decisions[i].pools.decode.detail;
+    EXPECT_EQ(t.sizes[i].decode, 2) << i << ": " << t.decisions[i].pools.decode.detail;
+  }
+  // Prefill did want the worker in the dip: the donor's test held it.
+  bool wanted = false;
+  for (int i = 75; i < 78; ++i) wanted |= t.decisions[i].pools.prefill.reason == Reason::kBudget;
+  EXPECT_TRUE(wanted);
+}
+
 TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {
   // Under the budget, prefill predicted to breach takes decode's second
   // worker at once (no stabilization wait) when decode's own model

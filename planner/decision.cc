@@ -125,16 +125,15 @@ double Planner::PriorPrefillTtft(const Observation& o, double load, int workers,
   return -std::log1p(-options_.latency_quantile) * service_s / (1 - utilisation);
 }
 
-double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers,
-                         double load) const {
-  if (std::isnan(load)) load = d.forecast_load;
-  double predicted = PredictAt(pool, o.time, load, workers);
+double Planner::Pressure(Pool pool, const Observation& o, const PoolDecision& d,
+                         int workers) const {
+  double predicted = PredictAt(pool, o.time, d.forecast_load, workers);
   if (pool == Pool::kPrefill) {
     // Calibrated to ask for workers; raw to give one up, as for the veto on
     // a scale-down (a queue per worker errs high, by more at low load, so
     // the calibration at one load can be too kind at a higher one).
     const double scale = workers < d.current ? 1.0 : prior_scale_;
-    const double prior = scale * PriorPrefillTtft(o, load, workers);
+    const double prior = scale * PriorPrefillTtft(o, d.forecast_load, workers);
     if (!std::isnan(prior)) predicted = std::isnan(predicted) ? prior : std::max(predicted, prior);
   }
   double pressure = predicted / Slo(pool);
@@ -409,15 +408,12 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
     // does not wait out a stabilization window (only the longer one a move
     // undone soon after earns), but it waits for the other pool to be able
     // to grow. A move that only trades a breach for a smaller one waits
-    // like any scale-down. A donor that got the worker by a move itself is
-    // judged at its sustained load (the larger of the demand now and the
-    // latency window's), as a scale-down is: moved back in a lull of its
-    // demand, the worker would be moved again when the lull ends, and each
-    // move costs a drain and a start.
-    const double donor_load =
-        st.moved_in ? std::max(d.forecast_load, d.window_load) : d.forecast_load;
+    // like any scale-down, and so does moving back a worker that this pool
+    // got by a move itself: in a lull of its demand the worker would go
+    // back, and come again when the lull ends, each move a drain and a
+    // start.
     const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current &&
-                      Pressure(pool, o, d, d.current - 1, donor_load) <= 1;
+                      !st.moved_in && Pressure(pool, o, d, d.current - 1) <= 1;
     const Pool other = pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill;
     const absl::Duration stabilization = options_.stabilization * (st.backoff - (move ? 1 : 0));
     const bool cooling =

@@ -44,15 +44,13 @@
 //      Taking a worker from a pool that would keep it and stays within its
 //      SLO with one fewer is the other pool's scale-up: no stabilization
 //      window (only the extra wait an undone scale-down earned), once the
-//      receiver may grow. "Stays within" is judged at the demand now (a
-//      shift in the mix moves the worker early), except when the donor got
-//      that worker by such a move itself: moving it back is judged at the
-//      larger of the demand now and the latency window's load, as a
-//      scale-down is (a lull of a few seconds in the demand of the pool
-//      that just received a worker is no reason to trade it back).
+//      receiver may grow (a shift in the mix moves the worker early).
+//      Moving back a worker that the donor got by such a move itself waits
+//      the stabilization window as a scale-down does: a lull of a few
+//      seconds in the demand of the pool that just received a worker is no
+//      reason to trade it back.
 #pragma once
 
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -163,7 +161,7 @@ class Planner {
     std::optional<absl::Time> last_down;  // the last scale-down applied
     int backoff = 1;                      // x stabilization, after undone scale-downs
     // The pool's last change was a worker moved in from the other pool
-    // under the budget: moving it back is judged at the sustained load.
+    // under the budget: moving it back waits the stabilization window.
     bool moved_in = false;
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
@@ -189,9 +187,7 @@ class Planner {
   // and above, raw below it); at most the current size, no less than the
   // latency measured now. A pool without a prediction is 0 (inf below its
   // current size: it keeps what it has).
-  // `load`: the load it is predicted at; NaN: the forecast load.
-  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers,
-                  double load = std::numeric_limits<double>::quiet_NaN()) const;
+  double Pressure(Pool pool, const Observation& o, const PoolDecision& d, int workers) const;
   double Slo(Pool pool) const;
   double PredictAt(Pool pool, absl::Time now, double load, int workers) const;
 

@@ -22,10 +22,12 @@
 #   bench/loadgen/planner_bench.sh [--bin BUILD_DIR] [--out DIR] [--rounds 1]
 #       [--phase_s 90] [--setups "fixed_1p2d fixed_2p1d planner"] [--ttft_slo 4] [--itl_slo 0.15]
 #       [--rate_scale 1]   # multiplies every phase's request rate
+#       [--warmup_s 0]     # first this long of the mixed phase's load, not measured, for
+#                          # every setup alike (the planner then starts from traffic it has seen)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/build" out="" rounds=1 phase_s=90 setups="fixed_1p2d fixed_2p1d planner"
-ttft_slo=4 itl_slo=0.15 rate_scale=1
+ttft_slo=4 itl_slo=0.15 rate_scale=1 warmup_s=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --ttft_slo) ttft_slo=$2; shift 2 ;;
     --itl_slo) itl_slo=$2; shift 2 ;;
     --rate_scale) rate_scale=$2; shift 2 ;;
+    --warmup_s) warmup_s=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -73,9 +76,21 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 run_phases() {  # setup round router
   local i=0 start now pids=() name rate prompt output
-  start=$(date +%s.%N)
   echo "$1 round $2: start $(date -u +%H:%M:%S), load average $(loadavg)" >> "$out/machine.txt"
-  echo "{\"setup\": \"$1\", \"round\": $2, \"start\": $start, \"phase_s\": $phase_s}" > "$out/$1-round$2.times.json"
+  if [ "$warmup_s" != 0 ]; then
+    # The last (mixed) phase's load, not measured; the first phase starts
+    # on time while its requests finish, as at every phase change.
+    read -r name rate prompt output <<<"${phases[${#phases[@]}-1]}"
+    rate=$(python3 -c "print($rate * $rate_scale)")
+    "$loadgen" --target="$3" --label="$1 warmup round $2" --json_out="$out/$1-warmup-round$2.json" \
+      --arrival=poisson --rate="$rate" --duration_s="$warmup_s" --warmup_s=0 --concurrency=128 \
+      --prompt_len="$prompt" --output_len="$output" --seed=100 --request_timeout_s=300 \
+      --progress=false > "$out/$1-warmup-round$2.out" 2>&1 &
+    pids+=($!)
+    sleep "$warmup_s"
+  fi
+  start=$(date +%s.%N)
+  echo "{\"setup\": \"$1\", \"round\": $2, \"start\": $start, \"phase_s\": $phase_s, \"warmup_s\": $warmup_s}" > "$out/$1-round$2.times.json"
   for p in "${phases[@]}"; do
     read -r name rate prompt output <<<"$p"
     rate=$(python3 -c "print($rate * $rate_scale)")
@@ -108,7 +123,7 @@ run_setup() {  # setup round
   if [ "$1" = planner ]; then
     rm -f "$out/planner-round$2.jsonl"
     "$bin/planner/pdserve_planner" --actuator=local --cluster_work="$out/cluster" --cluster_sh="$cluster" \
-      --ttft_slo="$ttft_slo" --itl_slo="$itl_slo" --decode_latency=tpot --latency_quantile=0.9 --interval=2s --window=20s \
+      --ttft_slo="$ttft_slo" --itl_slo="$itl_slo" --latency_quantile=0.9 --interval=2s --window=20s \
       --min_prefill=1 --max_prefill=2 --min_decode=1 --max_decode=2 --max_total_workers=3 \
       --scale_up_cooldown=6s --scale_down_cooldown=10s --stabilization=8s --settle=10s \
       --forecast_horizon=4s --model_memory=60s --decisions_out="$out/planner-round$2.jsonl" \

@@ -32,7 +32,11 @@ def main():
         t0 = times["start"]
         lines = [json.loads(x) for x in open(path) if x.strip()]
         ax_size, ax_lat, ax_load = axes[0][r - 1], axes[1][r - 1], axes[2][r - 1]
+        warmup = float(times.get("warmup_s", 0))
         for ax in (ax_size, ax_lat, ax_load):
+            if warmup > 0:
+                ax.axvspan(-warmup, 0, color="0.9", label="warm-up (mixed, not measured)"
+                           if ax is ax_size else None)
             for i, name in enumerate(PHASES):
                 ax.axvspan(i * a.phase_s, (i + 1) * a.phase_s, color=SHADES[i], alpha=0.6,
                            label=name if ax is ax_size else None)

@@ -540,12 +540,12 @@ TEST(PlannerDecisionTest, AMoveThatOnlyTradesBreachesWaitsOutTheStabilization) {
 
 TEST(PlannerDecisionTest, AWorkerMovedInIsNotMovedBackInALull) {
   // Prefill-heavy at 2P+1D, then decode-heavy: the worker moves to decode
-  // at once (decode's demand is past one worker, prefill's within one).
-  // Then decode's demand dips for 6 s while prefill's rises, and comes
-  // back. In the dip decode's demand now would do with one worker, but not
-  // the load over its latency window, and decode got that worker by a move:
-  // it keeps it. After the dip decode needs it more than prefill does, so
-  // a move back would have been undone again.
+  // (decode's demand is past one worker, prefill's within one). Then
+  // decode's demand dips for 6 s while prefill's rises, and comes back. In
+  // the dip decode's demand now would do with one worker, but decode got
+  // that worker by a move, so giving it back waits the 8 s stabilization,
+  // which outlasts the dip: it keeps it. After the dip decode needs it more
+  // than prefill does, so a move back would have been undone again.
   const std::vector<ShiftPhase> phases = {{30, 500, 256, 100, 700, 0.4},
                                           {45, 128, 32, 560, 700, 0.4},
                                           {3, 400, 192, 100, 700},
@@ -556,7 +556,6 @@ TEST(PlannerDecisionTest, AWorkerMovedInIsNotMovedBackInALull) {
     if (t.sizes[i].decode == 2) moved = i;
   }
   ASSERT_GE(moved, 30) << "never moved the worker to decode";
-
   EXPECT_EQ(t.sizes[moved].prefill, 1);
   for (size_t i = moved; i < t.sizes.size(); ++i) {
     EXPECT_EQ(t.sizes[i].prefill, 1) << i << ": " << t.decisions[i].pools.decode.detail;

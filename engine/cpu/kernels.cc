@@ -342,6 +342,95 @@ __attribute__((target("avx512f"))) void AxpysOfValuesAvx512(const float* weights
   }
 }
 
+#if defined(__x86_64__)
+// DotsOfKeys for heads of n <= 8 NV values with AVX2: query head j in NV
+// registers, each key's products summed as DotAvx2 sums them (s0 over even
+// 8-value chunks and the masked tail, s1 over odd ones), the lane sums of 8
+// keys at a time by HorizontalSums8.
+template <int NV>
+__attribute__((target("avx2,fma"))) void DotsOfKeysAvx2(const float* q, int count, const float* k,
+                                                       int64_t k_stride, int tokens, int n,
+                                                       float scale, float* scores,
+                                                       int64_t stride) {
+  const bool has_tail = n % 8 != 0;  // chunk NV - 1 is then masked
+  const __m256i tail = TailMask8(n % 8);
+  const __m256 scale_v = _mm256_set1_ps(scale);
+  for (int j = 0; j < count; ++j) {
+    const float* qj = q + int64_t{j} * n;
+    __m256 qv[NV];
+    for (int i = 0; i < NV; ++i) {
+      qv[i] = has_tail && i == NV - 1 ? _mm256_maskload_ps(qj + 8 * i, tail)
+                                      : _mm256_loadu_ps(qj + 8 * i);
+    }
+    float* sj = scores + j * stride;
+    __m256 sums[8];
+    for (int t = 0; t < tokens; ++t) {
+      const float* kt = k + t * k_stride;
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+      for (int i = 0; i < NV; ++i) {
+        if (has_tail && i == NV - 1) {
+          s0 = _mm256_fmadd_ps(qv[i], _mm256_maskload_ps(kt + 8 * i, tail), s0);
+        } else if (i % 2 == 0) {
+          s0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), s0);
+        } else {
+          s1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), s1);
+        }
+      }
+      sums[t % 8] = _mm256_add_ps(s0, s1);
+      if (t % 8 == 7) _mm256_storeu_ps(sj + t - 7, _mm256_mul_ps(HorizontalSums8(sums), scale_v));
+    }
+    for (int t = tokens / 8 * 8; t < tokens; ++t) sj[t] = HorizontalSum8(sums[t % 8]) * scale;
+  }
+}
+
+// AxpysOfValues with AVX2 for the columns [c0, c0 + w) of every head, w <=
+// 8 NV: a head's outputs there in NV registers across all the values, each
+// lane's FMAs in token order as AxpyAvx2 does them (columns are
+// independent, so splitting them changes no value).
+template <int NV>
+__attribute__((target("avx2,fma"))) void AxpysOfValuesAvx2(const float* weights, int64_t stride,
+                                                          const float* v, int64_t v_stride,
+                                                          int tokens, int n, float* out, int count,
+                                                          int c0, int w) {
+  const bool has_tail = w % 8 != 0;
+  const __m256i tail = TailMask8(w % 8);
+  for (int j = 0; j < count; ++j) {
+    float* o = out + int64_t{j} * n + c0;
+    const float* wj = weights + j * stride;
+    __m256 acc[NV];
+    for (int i = 0; i < NV; ++i) {
+      acc[i] = has_tail && i == NV - 1 ? _mm256_maskload_ps(o + 8 * i, tail)
+                                       : _mm256_loadu_ps(o + 8 * i);
+    }
+    for (int t = 0; t < tokens; ++t) {
+      const float* vt = v + t * v_stride + c0;
+      const __m256 a = _mm256_set1_ps(wj[t]);
+      for (int i = 0; i < NV; ++i) {
+        const __m256 value = has_tail && i == NV - 1 ? _mm256_maskload_ps(vt + 8 * i, tail)
+                                                     : _mm256_loadu_ps(vt + 8 * i);
+        acc[i] = _mm256_fmadd_ps(a, value, acc[i]);
+      }
+    }
+    for (int i = 0; i < NV; ++i) {
+      if (has_tail && i == NV - 1) {
+        _mm256_maskstore_ps(o + 8 * i, tail, acc[i]);
+      } else {
+        _mm256_storeu_ps(o + 8 * i, acc[i]);
+      }
+    }
+  }
+}
+#endif
+
+// Whether the block kernels run AVX2 (a CPU without AVX-512).
+bool AttentionAvx2() {
+#if defined(__x86_64__)
+  return BestIsa() == Isa::kAvx2;
+#else
+  return false;
+#endif
+}
+
 // Whether DotsOfOneKey and AxpysOfOneValue run AVX-512 for rows of n.
 bool AttentionAvx512(int n) {
 #if defined(__x86_64__)
@@ -377,6 +466,11 @@ void DotsOfKeys(const float* q, int count, const float* k, int64_t k_stride, int
       DotsOfKeysAvx512<nv>(q, count, k, k_stride, tokens, n, scale, scores, stride);
     });
   }
+  if (AttentionAvx2() && n <= 64) {
+    return WithCount<8>((n + 7) / 8, [&](auto nv) {
+      DotsOfKeysAvx2<nv>(q, count, k, k_stride, tokens, n, scale, scores, stride);
+    });
+  }
 #endif
   for (int t = 0; t < tokens; ++t)
     DotsOfOneKey(q, count, k + t * k_stride, n, scale, scores + t, stride);
@@ -389,6 +483,15 @@ void AxpysOfValues(const float* weights, int64_t stride, const float* v, int64_t
     return WithCount<8>((n + 15) / 16, [&](auto nv) {
       AxpysOfValuesAvx512<nv>(weights, stride, v, v_stride, tokens, n, out, count);
     });
+  }
+  if (AttentionAvx2()) {
+    for (int c0 = 0; c0 < n; c0 += 64) {  // 8 registers of outputs at a time
+      const int w = std::min(64, n - c0);
+      WithCount<8>((w + 7) / 8, [&](auto nv) {
+        AxpysOfValuesAvx2<nv>(weights, stride, v, v_stride, tokens, n, out, count, c0, w);
+      });
+    }
+    return;
   }
 #endif
   for (int t = 0; t < tokens; ++t) {

@@ -75,7 +75,9 @@ void AxpysOfOneValue(const float* weights, int64_t stride, const float* v, int n
 // bit for bit what the one-key functions give called key by key. With
 // AVX-512 and n <= 128 the heads' accumulators stay in registers across the
 // keys and the scores of 16 keys are summed at once (lane_sums.h), not one
-// call and one horizontal sum per key and head.
+// call and one horizontal sum per key and head; with AVX2 the same for the
+// scores of n <= 64 (8 keys summed at once, HorizontalSums8) and for the
+// outputs of any n (64 columns of a head at a time).
 void DotsOfKeys(const float* q, int count, const float* k, int64_t k_stride, int tokens, int n,
                 float scale, float* scores, int64_t stride);
 void AxpysOfValues(const float* weights, int64_t stride, const float* v, int64_t v_stride,

@@ -138,6 +138,9 @@ PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
   }
 }
 
+// Bytes ahead of the current group GemvInt8Avx2 prefetches.
+constexpr int kInt8Prefetch = 4096;
+
 // GemvInt8 with AVX2: per group of 32, the weights widened to int16 and
 // multiplied by x.q in pairs (vpmaddwd: two products of at most 127 * 32767
 // summed, exact in int32), the 8 lane sums converted to fp32 and scaled by
@@ -155,6 +158,10 @@ PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const Int16
     int g = 0;
     for (; g < full; ++g) {
       const int i = g * kInt8Group;
+      // One cache line per two groups, 4 KiB ahead (as GemvVnni).
+      if (g % 2 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + i) + kInt8Prefetch, _MM_HINT_T0);
+      }
       const __m256i w0 =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
       const __m256i w1 =

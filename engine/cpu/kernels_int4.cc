@@ -44,55 +44,87 @@ void GemvInt4Portable(const uint8_t* q, const uint16_t* scales, const Int4Activa
 #define PDSERVE_AVX512_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-// Per group: the 16 bytes split into nibbles (low: values 0-15, high:
-// values 16-31, in order), multiplied as unsigned bytes by the signed
-// activations in pairs (vpmaddubsw: |2 * 15 * 127| fits int16), the pairs
-// summed to 8 int32 lanes, the offset -8 * sum(x) added to lane 0: the exact
-// group sum over the lanes. The lanes are converted to fp32 and scaled by
-// (weight scale * activation scale), eight groups' products computed at a
-// time.
+// Bytes ahead of the current block the kernels prefetch (as the int8
+// kernels of kernels_gemv.cc).
+constexpr int kInt4Prefetch = 4096;
+
+// Eight groups (128 bytes of nibbles) per step, two groups per 32-byte
+// load: the low nibbles (values 0-15 of both groups) meet x.split's low
+// halves and the high nibbles (16-31) its high halves, as unsigned bytes by
+// the signed activations in pairs (vpmaddubsw: |2 * 15 * 127| fits int16,
+// and so does the sum of the two halves' pairs), summed to 8 int32 lanes
+// (4 per group) that start at x.lane_bias: each group's exact sum over its
+// 4 lanes. The lanes are converted to fp32 and scaled by (weight scale *
+// activation scale) of their group. A row's last 1-7 groups go one at a
+// time, each group's 16 bytes split into 32 nibbles against x.q.
 PDSERVE_AVX2_F16C void GemvInt4Avx2(const uint8_t* q, const uint16_t* scales,
                                     const Int4Activations& x, float* y, int n, int k) {
   const int groups = static_cast<int>(Int8Groups(k));
+  const int whole = groups / 8 * 8;  // groups in steps of 8
   const __m128i low4 = _mm_set1_epi8(0x0f);
+  const __m256i low4x2 = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
+  // Lanes 0-3 take group 2j's scale, lanes 4-7 group 2j + 1's.
+  const __m256i pick[4] = {
+      _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+      _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
   alignas(32) float sw[8];
   for (int r = 0; r < n; ++r) {
     const uint8_t* row = q + int64_t{r} * groups * kInt4GroupBytes;
     const uint16_t* s = scales + int64_t{r} * groups;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    for (int g0 = 0; g0 < groups; g0 += 8) {
-      const int count = std::min(8, groups - g0);
-      if (count == 8) {
-        const __m256 ws =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g0)));
-        _mm256_store_ps(sw, _mm256_mul_ps(ws, _mm256_loadu_ps(x.scales.data() + g0)));
-      } else {
-        for (int j = 0; j < count; ++j) sw[j] = HalfToFloat(s[g0 + j]) * x.scales[g0 + j];
-      }
-      for (int j = 0; j < count; ++j) {
-        const int g = g0 + j;
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
-        const __m256i u =
-            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
-        const __m256i xq =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + 32 * g));
-        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
-        dot = _mm256_add_epi32(dot, _mm256_castsi128_si256(_mm_cvtsi32_si128(x.group_bias[g])));
+    for (int g0 = 0; g0 < whole; g0 += 8) {
+      // 4 KiB ahead, as the VNNI kernel: the weights stream through once.
+      _mm_prefetch(reinterpret_cast<const char*>(row + 16 * g0) + kInt4Prefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + 16 * g0) + kInt4Prefetch + 64, _MM_HINT_T0);
+      const __m256 ws = _mm256_mul_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g0))),
+          _mm256_loadu_ps(x.scales.data() + g0));
+      for (int j = 0; j < 4; ++j) {
+        const int g = g0 + 2 * j;
+        // Groups g and g + 1 sit in one 128-value block of x.split, at pair
+        // (g % 4) / 2 of its low and high halves.
+        const int64_t block = g / 4, pair = (g % 4) / 2;
+        const int64_t at = block * 128 + 32 * pair;
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * g));
+        const __m256i lo = _mm256_and_si256(b, low4x2);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4x2);
+        const __m256i xlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x.split.data() + at));
+        const __m256i xhi =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(x.split.data() + at + 64));
+        const __m256i pairs =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+        const __m256i bias = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(x.lane_bias.data() + block * 16 + 8 * pair));
+        const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), bias);
+        const __m256 scale = _mm256_permutevar8x32_ps(ws, pick[j]);
         if (j % 2 == 0) {
-          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sw[j]), acc0);
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc0);
         } else {
-          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sw[j]), acc1);
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc1);
         }
+      }
+    }
+    const int count = groups - whole;
+    for (int j = 0; j < count; ++j) sw[j] = HalfToFloat(s[whole + j]) * x.scales[whole + j];
+    for (int j = 0; j < count; ++j) {
+      const int g = whole + j;
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
+      const __m256i u =
+          _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + 32 * g));
+      __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+      dot = _mm256_add_epi32(dot, _mm256_castsi128_si256(_mm_cvtsi32_si128(x.group_bias[g])));
+      if (j % 2 == 0) {
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sw[j]), acc0);
+      } else {
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sw[j]), acc1);
       }
     }
     y[r] = HorizontalSum8(_mm256_add_ps(acc0, acc1));
   }
 }
 
-// Bytes ahead of the current block the VNNI kernel prefetches (as the int8
-// kernels of kernels_gemv.cc).
-constexpr int kInt4Prefetch = 4096;
 
 // Four groups (64 bytes of nibbles) per step: low nibbles (values 0-15 of
 // each group) and high nibbles (16-31) meet x.split's two 64-byte halves in

@@ -183,6 +183,33 @@ TEST(LaneSumsTest, SixteenAtOnceSumAsOneAtATime) {
   if (BestIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   for (uint32_t seed = 1; seed <= 200; ++seed) CheckLaneSums(seed);
 }
+
+// HorizontalSums8's lane r is HorizontalSum8 of vector r, bit for bit.
+__attribute__((target("avx2"))) void CheckHorizontalSums8(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  alignas(32) float lanes[8][8];
+  __m256 v[8];
+  for (int r = 0; r < 8; ++r) {
+    for (float& x : lanes[r]) x = std::ldexp(mantissa(gen), exponent(gen));
+    v[r] = _mm256_load_ps(lanes[r]);
+  }
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, HorizontalSums8(v));
+  for (int r = 0; r < 8; ++r) {
+    const float* x = lanes[r];
+    // HorizontalSum8's tree, written out.
+    const float want = ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
+    ASSERT_EQ(HorizontalSum8(v[r]), want) << "vector " << r;
+    ASSERT_EQ(sums[r], want) << "vector " << r;
+  }
+}
+
+TEST(LaneSumsTest, EightAtOnceSumAsOneAtATimeWithAvx2) {
+  if (BestIsa() < Isa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (uint32_t seed = 1; seed <= 200; ++seed) CheckHorizontalSums8(seed);
+}
 #endif
 
 }  // namespace

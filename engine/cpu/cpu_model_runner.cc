@@ -73,6 +73,12 @@ void CpuModelRunner::MatMul(const float* x, const Matrix& w, float* y, int m,
   w.MatMul(x, y, m, num_threads_, pool_.get());
 }
 
+void CpuModelRunner::ForRows(int64_t m, int64_t min_rows,
+                             absl::FunctionRef<void(int64_t)> fn) const {
+  if (m > min_rows && pool_->num_threads() > 1) return pool_->ParallelFor(m, fn);
+  for (int64_t r = 0; r < m; ++r) fn(r);
+}
+
 double CpuModelRunner::VerificationRowCost() const {
   switch (cpu::BestIsa()) {
     case cpu::Isa::kAvx512:
@@ -217,20 +223,20 @@ void CpuModelRunner::ResizeScratch(int m) {
 void CpuModelRunner::Embed(std::span<const int32_t> tokens) {
   const int64_t h = config_.hidden_size;
   const int64_t m = static_cast<int64_t>(tokens.size());
-#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
-  for (int64_t r = 0; r < m; ++r) embed_.RowsToFloat(tokens[r], 1, &scratch_.x[r * h]);
+  ForRows(m, 16, [&](int64_t r) { embed_.RowsToFloat(tokens[r], 1, &scratch_.x[r * h]); });
 }
 
 void CpuModelRunner::AttentionInput(int layer, int m) {
   const Layer& w = layers_[layer];
   const int h = config_.hidden_size, hd = config_.head_dim, half = hd / 2;
   const int q = config_.q_size(), kv = config_.kv_size(), stride = q + 2 * kv;
-  cpu::RmsNorm(scratch_.x.data(), w.input_norm.data(), scratch_.xn.data(), m, h,
-               config_.rms_norm_eps, num_threads_);
+  ForRows(m, 1, [&](int64_t r) {
+    cpu::RmsNorm(&scratch_.x[r * h], w.input_norm.data(), &scratch_.xn[r * h], 1, h,
+                 config_.rms_norm_eps, 1);
+  });
   MatMul(scratch_.xn.data(), w.wqkv, scratch_.qkv.data(), m, stride, h);
-#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 1)
-  for (int r = 0; r < m; ++r) {
-    float* row = &scratch_.qkv[int64_t{r} * stride];
+  ForRows(m, 1, [&](int64_t r) {
+    float* row = &scratch_.qkv[r * stride];
     if (!w.bqkv.empty()) cpu::AddInPlace(row, w.bqkv.data(), stride, 1);
     if (!w.q_norm.empty()) {
       // Qwen3: RMSNorm over each head's head_dim values, before RoPE.
@@ -238,11 +244,11 @@ void CpuModelRunner::AttentionInput(int layer, int m) {
       cpu::RmsNorm(row + q, w.k_norm.data(), row + q, config_.num_kv_heads, hd,
                    config_.rms_norm_eps, 1);
     }
-    const float* cos = &scratch_.cos[int64_t{r} * half];
-    const float* sin = &scratch_.sin[int64_t{r} * half];
+    const float* cos = &scratch_.cos[r * half];
+    const float* sin = &scratch_.sin[r * half];
     cpu::ApplyRope(row, config_.num_heads, hd, cos, sin);
     cpu::ApplyRope(row + q, config_.num_kv_heads, hd, cos, sin);
-  }
+  });
 }
 
 void CpuModelRunner::StoreKv(int layer, int row, int64_t slot_offset) {
@@ -255,20 +261,20 @@ void CpuModelRunner::StoreKv(int layer, int row, int64_t slot_offset) {
 void CpuModelRunner::AttentionOutputAndMlp(int layer, int m) {
   const Layer& w = layers_[layer];
   const int h = config_.hidden_size, inter = config_.intermediate_size;
-  const int64_t mh = int64_t{m} * h;
   MatMul(scratch_.attn.data(), w.wo, scratch_.proj.data(), m, h, config_.q_size());
-  cpu::AddInPlace(scratch_.x.data(), scratch_.proj.data(), mh, num_threads_);
-  if (!w.bo.empty()) cpu::AddBias(scratch_.x.data(), w.bo.data(), m, h, num_threads_);
-  cpu::RmsNorm(scratch_.x.data(), w.post_norm.data(), scratch_.xn.data(), m, h,
-               config_.rms_norm_eps, num_threads_);
+  ForRows(m, 1, [&](int64_t r) {
+    float* x = &scratch_.x[r * h];
+    cpu::AddInPlace(x, &scratch_.proj[r * h], h, 1);
+    if (!w.bo.empty()) cpu::AddBias(x, w.bo.data(), 1, h, 1);
+    cpu::RmsNorm(x, w.post_norm.data(), &scratch_.xn[r * h], 1, h, config_.rms_norm_eps, 1);
+  });
   MatMul(scratch_.xn.data(), w.wgu, scratch_.gu.data(), m, 2 * inter, h);
-#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 1)
-  for (int r = 0; r < m; ++r) {
-    const float* gu = &scratch_.gu[int64_t{r} * 2 * inter];
-    cpu::SwiGlu(gu, gu + inter, &scratch_.act[int64_t{r} * inter], inter);
-  }
+  ForRows(m, 1, [&](int64_t r) {
+    const float* gu = &scratch_.gu[r * 2 * inter];
+    cpu::SwiGlu(gu, gu + inter, &scratch_.act[r * inter], inter);
+  });
   MatMul(scratch_.act.data(), w.wdown, scratch_.proj.data(), m, h, inter);
-  cpu::AddInPlace(scratch_.x.data(), scratch_.proj.data(), mh, num_threads_);
+  ForRows(m, 1, [&](int64_t r) { cpu::AddInPlace(&scratch_.x[r * h], &scratch_.proj[r * h], h, 1); });
 }
 
 void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logits) {
@@ -444,17 +450,16 @@ absl::StatusOr<StepOutput> CpuModelRunner::Forward(const StepBatch& batch, Handl
   Embed(tokens);
   // RoPE tables of every row's position, for all layers.
   const int half = config_.head_dim / 2;
-#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
-  for (int r = 0; r < m; ++r) {
-    cpu::RopeCosSin(positions[r], inv_freq_.data(), half, &scratch_.cos[int64_t{r} * half],
-                    &scratch_.sin[int64_t{r} * half]);
-  }
+  ForRows(m, 16, [&](int64_t r) {
+    cpu::RopeCosSin(positions[r], inv_freq_.data(), half, &scratch_.cos[r * half],
+                    &scratch_.sin[r * half]);
+  });
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     AttentionInput(layer, m);
-#pragma omp parallel for num_threads(num_threads_) schedule(static) if (m > 16)
-    for (int r = 0; r < m; ++r) {
-      StoreKv(layer, r, SlotOffset(batch.seqs[row_seq[r]].block_table, positions[r]));
-    }
+    ForRows(m, 16, [&](int64_t r) {
+      StoreKv(layer, static_cast<int>(r),
+              SlotOffset(batch.seqs[row_seq[r]].block_table, positions[r]));
+    });
     handle.LayerDone(layer);
     Attention(layer, batch, m, row_seq, positions);
     AttentionOutputAndMlp(layer, m);

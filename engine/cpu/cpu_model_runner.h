@@ -159,6 +159,13 @@ class CpuModelRunner : public ModelRunner {
   absl::StatusOr<Matrix> MakeMatrix(std::initializer_list<const TensorView*> parts) const;
   // y[m, n] = x[m, k] * w^T.
   void MatMul(const float* x, const Matrix& w, float* y, int m, int n, int k) const;
+  // fn(r) for every row r < m: on the WorkPool's threads when m > min_rows
+  // (and it has more than one), else in order on this thread. The step's
+  // row loops run here rather than in OpenMP teams: an OpenMP worker that
+  // spins after its loop holds a core the WorkPool's next loop needs (17%
+  // of a 2-thread int8 prefill was libgomp's spinning on a 2-core AVX2
+  // machine).
+  void ForRows(int64_t m, int64_t min_rows, absl::FunctionRef<void(int64_t)> fn) const;
   void ResizeScratch(int m);
   void Embed(std::span<const int32_t> tokens);  // rows of scratch_.x
   // qkv for all rows (bias, q/k norm), RoPE (the tables in scratch_.cos and

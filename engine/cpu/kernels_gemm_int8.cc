@@ -161,22 +161,31 @@ PDSERVE_AVX2 void Avx2Tile(const uint8_t* panel, int64_t groups, const Int8Activ
                            int t0, float* y, int64_t ldy, int valid) {
   const int8_t* xq[T];
   const float* xs[T];
+#pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     xq[t] = x.q.data() + int64_t{t0 + t} * x.stride;
     xs[t] = x.scales.data() + (t0 + t) * groups;
   }
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[2][T];
+#pragma GCC unroll 8
   for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* gp = panel + g * kGroupBytes;
     __m256i sums[2][T];
+#pragma GCC unroll 8
     for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
+    // (Unrolled fully, GCC 12 kept all 16 products of a pass in memory and
+    // summed them after.)
+#pragma GCC unroll 2
     for (int j = 0; j < 8; ++j) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 64 * j));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 64 * j + 32));
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         // |x| times the weights with x's sign: each pair of products fits
         // in int16 (2 * 127 * 127), so vpmaddubsw does not saturate.
@@ -190,14 +199,17 @@ PDSERVE_AVX2 void Avx2Tile(const uint8_t* panel, int64_t groups, const Int8Activ
             _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones));
       }
     }
+#pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
       const __m256 ws = _mm256_loadu_ps(reinterpret_cast<const float*>(gp + 512) + 8 * h);
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[h][t]),
                                     _mm256_mul_ps(ws, _mm256_set1_ps(xs[t][g])), acc[h][t]);
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     alignas(32) float out[kPanelRows];
     _mm256_store_ps(out, acc[0][t]);

@@ -293,6 +293,58 @@ PDSERVE_AVX512 void QuantizeGroupsAvx512(const float* w, int64_t n, int64_t k, f
   }
 }
 
+// 8 quantized values (one 32-byte vector of int32) narrowed to T and stored.
+PDSERVE_AVX2 inline void StoreNarrowed8(int8_t* q, __m256i v) {
+  const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w16, w16));
+}
+PDSERVE_AVX2 inline void StoreNarrowed8(int16_t* q, __m256i v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                   _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+// QuantizeGroupsPortable with AVX2, 32 values at a time: the same
+// operations (a division, round to nearest even, clamp; the values are
+// within [-limit, limit], so the saturating packs do not saturate), so the
+// same bits.
+template <typename T>
+PDSERVE_AVX2 void QuantizeGroupsAvx2(const float* w, int64_t n, int64_t k, float limit, T* q,
+                                     float* scales) {
+  const int64_t groups = Int8Groups(k), full = k / kInt8Group;
+  const __m256 lo = _mm256_set1_ps(-limit), hi = _mm256_set1_ps(limit);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < full; ++g) {
+      const int64_t at = r * k + g * kInt8Group;
+      __m256 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(w + at + 8 * i);
+      const __m256 m = _mm256_max_ps(
+          _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+          _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float max_abs = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+      const float scale = max_abs / limit;
+      scales[r * groups + g] = scale;
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (int i = 0; i < 4; ++i) {
+        __m256i qi = _mm256_setzero_si256();
+        if (scale > 0) {
+          constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+          qi = _mm256_cvtps_epi32(_mm256_min_ps(
+              _mm256_max_ps(_mm256_round_ps(_mm256_div_ps(v[i], sv), kNearest), lo), hi));
+        }
+        StoreNarrowed8(q + at + 8 * i, qi);
+      }
+    }
+    if (full < groups) {
+      const int64_t at = r * k + full * kInt8Group;
+      QuantizeGroupsPortable(w + at, 1, k - full * kInt8Group, limit, q + at,
+                             scales + r * groups + full);
+    }
+  }
+}
+
 // GemvInt8Act with AVX-512 VNNI. vpdpbusd multiplies unsigned by signed
 // bytes, so the weights are flipped to w + 128 (xor 0x80) and each int32 lane
 // starts at x.lane_bias = -128 * (sum of its 4 activations): the lane then
@@ -668,6 +720,7 @@ template <typename T>
 void QuantizeGroups(const float* w, int64_t n, int64_t k, float limit, T* q, float* scales) {
 #if defined(__x86_64__)
   if (BestIsa() == Isa::kAvx512) return QuantizeGroupsAvx512(w, n, k, limit, q, scales);
+  if (BestIsa() == Isa::kAvx2) return QuantizeGroupsAvx2(w, n, k, limit, q, scales);
 #endif
   QuantizeGroupsPortable(w, n, k, limit, q, scales);
 }

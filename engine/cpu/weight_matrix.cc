@@ -414,6 +414,14 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
         static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 10) / row_bytes / 16) * 16);
     return SplitRows(m, chunk, num_threads, pool, rows);
   }
+  if (m > 1 && !few_rows && pool != nullptr && pool->num_threads() > 1) {
+    // sgemm on the pool's threads (no OpenMP team spinning beside them), one
+    // block of rows per thread: each call packs x again.
+    const int threads = pool->num_threads();
+    const int chunk = std::max(128, ((n + threads - 1) / threads + 15) / 16 * 16);
+    return SplitRows(m, chunk, num_threads, pool,
+                     [&](int first, int count) { BlockGemm(x, y, m, first, count); });
+  }
   // Blocks of rows, a multiple of 16, one per thread.
   const int threads = MatMulThreads(m, n, k, num_threads);
   if (threads == 1) {  // no OpenMP region (its set-up is paid per call)

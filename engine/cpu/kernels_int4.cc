@@ -225,6 +225,30 @@ void DequantizeInt4(const uint8_t* q, const uint16_t* scales, int64_t n, int64_t
   }
 }
 
+void Int4ToInt8(const uint8_t* q, const uint16_t* scales, int64_t n, int64_t k, int8_t* values,
+                float* value_scales) {
+  const int64_t groups = Int8Groups(k);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      value_scales[r * groups + g] = HalfToFloat(scales[r * groups + g]);
+      const uint8_t* in = q + (r * groups + g) * kInt4GroupBytes;
+      int8_t* o = values + r * k + g * kInt8Group;
+      if ((g + 1) * kInt8Group <= k) {  // a whole group: both halves of each byte
+        for (int i = 0; i < 16; ++i) {
+          o[i] = static_cast<int8_t>((in[i] & 0xf) - 8);
+          o[i + 16] = static_cast<int8_t>((in[i] >> 4) - 8);
+        }
+        continue;
+      }
+      const int count = static_cast<int>(k - g * kInt8Group);
+      for (int i = 0; i < count; ++i) {
+        const int nibble = i < 16 ? in[i] & 0xf : in[i - 16] >> 4;
+        o[i] = static_cast<int8_t>(nibble - 8);
+      }
+    }
+  }
+}
+
 void QuantizeActivations(const float* x, int k, Int4Activations& out) {
   const size_t padded = Padded128(k), groups = padded / kInt8Group;
   out.k = k;

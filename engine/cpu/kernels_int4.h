@@ -33,6 +33,11 @@ inline int64_t Int4RowBytes(int64_t k) { return Int8Groups(k) * kInt4GroupBytes;
 void QuantizeInt4(const float* w, int64_t n, int64_t k, uint8_t* q, uint16_t* scales);
 // out[r, i] = (nibble - 8) * scale of its group, for n rows of k.
 void DequantizeInt4(const uint8_t* q, const uint16_t* scales, int64_t n, int64_t k, float* out);
+// The same n rows in QuantizeInt8's format, exactly: values[r, i] = nibble -
+// 8 (n * k of them), value_scales the fp16 scales as fp32 (n *
+// Int8Groups(k)). What the int8 GEMM of prefill multiplies.
+void Int4ToInt8(const uint8_t* q, const uint16_t* scales, int64_t n, int64_t k, int8_t* values,
+                float* value_scales);
 
 // An activation vector for GemvInt4: x[0, k) quantized as QuantizeInt8
 // quantizes one row (groups of 32, scale max |x| / 127, round to nearest),

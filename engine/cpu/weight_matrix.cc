@@ -303,7 +303,7 @@ void WeightMatrix::GemvRows(const float* x, const RoundedX& rounded, float* y, i
 }
 
 bool WeightMatrix::UsesInt8Gemm(int m) const {
-  return storage_ == Storage::kInt8 && m > kManyGemvRows;
+  return (storage_ == Storage::kInt8 || storage_ == Storage::kInt4) && m > kManyGemvRows;
 }
 
 bool WeightMatrix::UsesFloatPanels(int m) const {
@@ -342,7 +342,19 @@ void WeightMatrix::Int8Gemm(const float* x, float* y, int m, int num_threads,
   const int64_t groups = Int8Groups(k);
   // Chunks of 64 rows: the kernel's repacking unit.
   SplitRows(m, 64, num_threads, pool, [&](int first, int count) {
-    GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act, y + first, n, isa);
+    if (storage_ == Storage::kInt8) {
+      return GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act,
+                      y + first, n, isa);
+    }
+    // int4: a chunk's nibbles widened to int8 values and its fp16 scales to
+    // fp32 (both exact), then the same GEMM.
+    thread_local AlignedVector<int8_t> values;
+    thread_local std::vector<float> value_scales;
+    values.resize(static_cast<size_t>(count) * k);
+    value_scales.resize(static_cast<size_t>(count * groups));
+    Int4ToInt8(int4() + first * Int4RowBytes(k), half_scales() + first * groups, count, k,
+               values.data(), value_scales.data());
+    GemmInt8(values.data(), value_scales.data(), count, act, y + first, n, isa);
   });
 }
 

@@ -95,9 +95,11 @@ class WeightMatrix {
   // exact int32 dot products per group, on `pool`'s threads when given, in
   // chunks of 64 rows. With int4
   // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
-  // at m == 1 for GemvInt4, at m > 1 to the same values in fp32, which the
-  // sgemm multiplies by the int4 rows expanded to fp32 (the GEMV's products,
-  // exact in fp32, summed in another order).
+  // at m == 1 for GemvInt4, at 1 < m <= kManyGemvRows to the same values in
+  // fp32, which the sgemm multiplies by the int4 rows expanded to fp32 (the
+  // GEMV's products, exact in fp32, summed in another order), and above
+  // kManyGemvRows for the int8 GEMM, on the nibbles widened to int8 values
+  // 64 rows at a time (Int4ToInt8; the same exact products).
   void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:
@@ -139,8 +141,9 @@ class WeightMatrix {
   // multiple of `chunk` rows over at most MatMulThreads OpenMP threads.
   void SplitRows(int m, int chunk, int num_threads, WorkPool* pool,
                  absl::FunctionRef<void(int, int)> rows) const;
-  // MatMul of int8 storage by GemmInt8 (kernels_gemm_int8.h), x's rows
-  // quantized to int8 in groups of 32, rows in chunks of 64.
+  // MatMul of int8 (or int4, widened) storage by GemmInt8
+  // (kernels_gemm_int8.h), x's rows quantized to int8 in groups of 32, rows
+  // in chunks of 64.
   void Int8Gemm(const float* x, float* y, int m, int num_threads, WorkPool* pool) const;
   // MatMul of fp32 / bf16 storage by GemmF32Panels / GemmBf16Panels
   // (kernels_gemm_float.h), rows in chunks of 128.

@@ -163,12 +163,13 @@ TEST(GemvInt4Test, ExtremeValuesAreExact) {
 }
 
 // WeightMatrix::MatMul with int4 storage: the GEMV (m == 1, OpenMP threads
-// or a WorkPool) and the GEMM (m > 1) both give the product of the stored
-// weights and the int8-rounded activations.
+// or a WorkPool), sgemm (2-64 rows) and the int8 GEMM (prefill, above 64
+// rows) all give the product of the stored weights and the int8-rounded
+// activations.
 TEST(Int4MatrixTest, MatMulMatchesItsStoredValues) {
   uint32_t seed = 200;
   WorkPool pool(3);
-  for (int m : {1, 2, 17}) {
+  for (int m : {1, 2, 17, 70}) {
     for (int n : {1, 7, 64, 131}) {
       for (int k : {1, 13, 96, 777}) {
         const std::vector<float> w = Normal(int64_t{n} * k, ++seed);

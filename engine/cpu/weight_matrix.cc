@@ -307,7 +307,12 @@ void WeightMatrix::GemvRows(const float* x, const RoundedX& rounded, float* y, i
 }
 
 bool WeightMatrix::UsesInt8Gemm(int m) const {
-  return (storage_ == Storage::kInt8 || storage_ == Storage::kInt4) && m > kManyGemvRows;
+  // int4 and w8a8 from 2 rows: their activations are rounded to int8 at
+  // every m, so the GEMM multiplies what the GEMV does; int8's rows of a
+  // verification step keep the GEMV's 16-bit rounding (the sgemm path).
+  if (storage_ == Storage::kInt4) return m > 1;
+  if (storage_ != Storage::kInt8) return false;
+  return quantize_activations_ ? m > 1 : m > kManyGemvRows;
 }
 
 bool WeightMatrix::UsesFloatPanels(int m) const {
@@ -410,7 +415,7 @@ void WeightMatrix::MatMul(const float* x, float* y, int m, int num_threads, Work
   // A few rows of fp32 or bf16 weights (a verification step, a small decode
   // batch): GEMVs that read each weight once for all of them and sum each
   // product as the batch-1 GEMV does, so results do not depend on the batch.
-  // (int8 and int4 storage keep the sgemm path on their rounded values.)
+  // (int8 storage keeps the sgemm path on its rounded values.)
   const bool few_rows =
       m > 1 && m <= kManyGemvRows && (storage_ == Storage::kF32 || storage_ == Storage::kBf16);
   const auto rows = [&](int first, int count) {

@@ -89,17 +89,17 @@ class WeightMatrix {
   // GemvInt8 / GemvInt8Act, at 1 < m <= kManyGemvRows without
   // quantize_activations() to the same 16-bit values in fp32 for the sgemm
   // (a verification step's rows get the decode GEMV's numbers up to
-  // summation order). Above kManyGemvRows rows (prefill), int8 storage
+  // summation order). Above kManyGemvRows rows (prefill), and from 2 rows
+  // with quantize_activations(), int8 storage
   // runs the int8 GEMM (GemmInt8, kernels_gemm_int8.h): x's rows rounded to
   // int8 in groups of 32 (as llama.cpp's Q8_0, and as w8a8 always rounds),
   // exact int32 dot products per group, on `pool`'s threads when given, in
   // chunks of 64 rows. With int4
   // storage x's rows are rounded to int8 in groups of 32 (as QuantizeInt8):
-  // at m == 1 for GemvInt4, at 1 < m <= kManyGemvRows to the same values in
-  // fp32, which the sgemm multiplies by the int4 rows expanded to fp32 (the
-  // GEMV's products, exact in fp32, summed in another order), and above
-  // kManyGemvRows for the int8 GEMM, on the nibbles widened to int8 values
-  // 64 rows at a time (Int4ToInt8; the same exact products).
+  // at m == 1 for GemvInt4, at m > 1 for the int8 GEMM, which multiplies
+  // them by the nibbles widened to int8 values 64 rows at a time
+  // (Int4ToInt8): the GEMV's exact integer products, summed in another
+  // order.
   void MatMul(const float* x, float* y, int m, int num_threads, WorkPool* pool = nullptr) const;
 
  private:

@@ -162,6 +162,38 @@ TEST(GemvInt4Test, ExtremeValuesAreExact) {
   }
 }
 
+// Int4ToInt8 (what the int8 GEMM multiplies) is the stored matrix exactly:
+// value * scale is DequantizeInt4's value, every value in [-8, 7], on every
+// tail of a row (the vector path takes whole groups, 8 scales at a time).
+TEST(Int4ToInt8Test, WidensToTheStoredValuesExactly) {
+  uint32_t seed = 900;
+  for (int k : {1, 13, 32, 96, 256, 288, 777}) {
+    const int n = 5;
+    const std::vector<float> w = Normal(int64_t{n} * k, ++seed);
+    const int64_t groups = Int8Groups(k);
+    std::vector<uint8_t> q(static_cast<size_t>(n * Int4RowBytes(k)));
+    std::vector<uint16_t> scales(static_cast<size_t>(n * groups));
+    QuantizeInt4(w.data(), n, k, q.data(), scales.data());
+    std::vector<float> stored(w.size());
+    DequantizeInt4(q.data(), scales.data(), n, k, stored.data());
+    std::vector<int8_t> values(w.size(), 99);
+    std::vector<float> value_scales(scales.size(), -1.0f);
+    Int4ToInt8(q.data(), scales.data(), n, k, values.data(), value_scales.data());
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < k; ++i) {
+        const int8_t v = values[r * k + i];
+        ASSERT_GE(v, -8) << k << " " << r << " " << i;
+        ASSERT_LE(v, 7) << k << " " << r << " " << i;
+        ASSERT_EQ(static_cast<float>(v) * value_scales[r * groups + i / 32], stored[r * k + i])
+            << k << " " << r << " " << i;
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        ASSERT_EQ(value_scales[r * groups + g], HalfToFloat(scales[r * groups + g]));
+      }
+    }
+  }
+}
+
 // WeightMatrix::MatMul with int4 storage: the GEMV (m == 1, OpenMP threads
 // or a WorkPool), sgemm (2-64 rows) and the int8 GEMM (prefill, above 64
 // rows) all give the product of the stored weights and the int8-rounded

@@ -33,8 +33,8 @@
 //
 // Steps run on the runner's own thread (FIFO), so Enqueue returns at once and
 // the caller can move layer i's KV while layer i+1 computes; the runner thread
-// owns the scratch buffers and drives the OpenMP threads (loops over many
-// rows: prefill, batched decode) and a WorkPool (batch-1 GEMVs, attention).
+// owns the scratch buffers and drives a WorkPool (every parallel loop of a
+// step: GEMVs, GEMMs, attention, the row loops).
 #pragma once
 
 #include <cstdint>
@@ -58,7 +58,7 @@ namespace pdserve::engine {
 struct CpuRunnerOptions {
   int kv_block_size = 16;  // tokens per block, >= 1
   int num_kv_blocks = 1;   // >= 1
-  int num_threads = 0;     // OpenMP and OpenBLAS threads; 0: all cores
+  int num_threads = 0;     // the WorkPool's threads; 0: all cores
   // How weight matrices (embeddings and LM head included) are stored; see
   // WeightDtype. kAuto keeps a bf16 checkpoint's matrices in bf16 (the same
   // numbers in half the bytes per decode step) and others in fp32.
@@ -195,8 +195,8 @@ class CpuModelRunner : public ModelRunner {
   std::vector<KvRegion> regions_;  // over k_cache_/v_cache_
   Scratch scratch_;                // runner thread only
   std::vector<float> logits_;      // runner thread only
-  // Threads of batch-1 GEMVs and attention (num_threads_ in all, the runner
-  // thread included); OpenMP runs the loops over many rows.
+  // Threads of every parallel loop of a step (num_threads_ in all, the
+  // runner thread included).
   std::unique_ptr<cpu::WorkPool> pool_;
 
   absl::Mutex mu_;

@@ -79,8 +79,10 @@ class WeightMatrix {
   // streaming GEMV of kernels_gemv.h, on the threads of `pool` when given
   // (rows in chunks of about 128 KiB, claimed as threads come free), else
   // over at most `num_threads` OpenMP threads, each taking a block of rows;
-  // m > 1: OpenBLAS sgemm on at most `num_threads` OpenMP threads, with bf16
-  // and int8 rows expanded to fp32 a cache-sized block at a time; except
+  // m > 1: OpenBLAS sgemm, on `pool`'s threads (a block of rows each) when
+  // given, else on at most `num_threads` OpenMP threads, with bf16 and int8
+  // rows expanded to fp32 a block at a time (256 KiB, 2 MiB above
+  // kManyGemvRows rows); except
   // that above kManyGemvRows rows (prefill) fp32 and bf16 storage run the
   // AVX-512 panel GEMM where the CPU has AVX-512 (kernels_gemm_float.h), on
   // `pool`'s threads when given, in chunks of 128 rows. With int8

@@ -274,7 +274,8 @@ void CpuModelRunner::AttentionOutputAndMlp(int layer, int m) {
     cpu::SwiGlu(gu, gu + inter, &scratch_.act[r * inter], inter);
   });
   MatMul(scratch_.act.data(), w.wdown, scratch_.proj.data(), m, h, inter);
-  ForRows(m, 1, [&](int64_t r) { cpu::AddInPlace(&scratch_.x[r * h], &scratch_.proj[r * h], h, 1); });
+  ForRows(m, 1,
+          [&](int64_t r) { cpu::AddInPlace(&scratch_.x[r * h], &scratch_.proj[r * h], h, 1); });
 }
 
 void CpuModelRunner::LmHead(std::span<const int> rows, std::vector<float>& logits) {

@@ -349,9 +349,9 @@ __attribute__((target("avx512f"))) void AxpysOfValuesAvx512(const float* weights
 // keys at a time by HorizontalSums8.
 template <int NV>
 __attribute__((target("avx2,fma"))) void DotsOfKeysAvx2(const float* q, int count, const float* k,
-                                                       int64_t k_stride, int tokens, int n,
-                                                       float scale, float* scores,
-                                                       int64_t stride) {
+                                                        int64_t k_stride, int tokens, int n,
+                                                        float scale, float* scores,
+                                                        int64_t stride) {
   const bool has_tail = n % 8 != 0;  // chunk NV - 1 is then masked
   const __m256i tail = TailMask8(n % 8);
   const __m256 scale_v = _mm256_set1_ps(scale);
@@ -389,9 +389,9 @@ __attribute__((target("avx2,fma"))) void DotsOfKeysAvx2(const float* q, int coun
 // independent, so splitting them changes no value).
 template <int NV>
 __attribute__((target("avx2,fma"))) void AxpysOfValuesAvx2(const float* weights, int64_t stride,
-                                                          const float* v, int64_t v_stride,
-                                                          int tokens, int n, float* out, int count,
-                                                          int c0, int w) {
+                                                           const float* v, int64_t v_stride,
+                                                           int tokens, int n, float* out, int count,
+                                                           int c0, int w) {
   const bool has_tail = w % 8 != 0;
   const __m256i tail = TailMask8(w % 8);
   for (int j = 0; j < count; ++j) {

@@ -169,16 +169,18 @@ PDSERVE_AVX2 void Avx2Tile(const uint8_t* panel, int64_t groups, const Int8Activ
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[2][T];
 #pragma GCC unroll 8
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
+  }
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* gp = panel + g * kGroupBytes;
     __m256i sums[2][T];
 #pragma GCC unroll 8
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
+    }
     // (Unrolled fully, GCC 12 kept all 16 products of a pass in memory and
     // summed them after.)
 #pragma GCC unroll 2

@@ -77,9 +77,9 @@ PDSERVE_AVX2_F16C void GemvInt4Avx2(const uint8_t* q, const uint16_t* scales,
       // 4 KiB ahead, as the VNNI kernel: the weights stream through once.
       _mm_prefetch(reinterpret_cast<const char*>(row + 16 * g0) + kInt4Prefetch, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(row + 16 * g0) + kInt4Prefetch + 64, _MM_HINT_T0);
-      const __m256 ws = _mm256_mul_ps(
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g0))),
-          _mm256_loadu_ps(x.scales.data() + g0));
+      const __m256 ws =
+          _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g0))),
+                        _mm256_loadu_ps(x.scales.data() + g0));
       for (int j = 0; j < 4; ++j) {
         const int g = g0 + 2 * j;
         // Groups g and g + 1 sit in one 128-value block of x.split, at pair
@@ -89,7 +89,8 @@ PDSERVE_AVX2_F16C void GemvInt4Avx2(const uint8_t* q, const uint16_t* scales,
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * g));
         const __m256i lo = _mm256_and_si256(b, low4x2);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4x2);
-        const __m256i xlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x.split.data() + at));
+        const __m256i xlo =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(x.split.data() + at));
         const __m256i xhi =
             _mm256_load_si256(reinterpret_cast<const __m256i*>(x.split.data() + at + 64));
         const __m256i pairs =
@@ -124,7 +125,6 @@ PDSERVE_AVX2_F16C void GemvInt4Avx2(const uint8_t* q, const uint16_t* scales,
     y[r] = HorizontalSum8(_mm256_add_ps(acc0, acc1));
   }
 }
-
 
 // Four groups (64 bytes of nibbles) per step: low nibbles (values 0-15 of
 // each group) and high nibbles (16-31) meet x.split's two 64-byte halves in
@@ -186,7 +186,7 @@ bool HasF16c() {
 // values (low nibbles, then high ones) less 8, and 8 scales per
 // conversion. Returns the groups done.
 PDSERVE_AVX2_F16C int64_t Int4ToInt8RowAvx2(const uint8_t* in, const uint16_t* scales, int64_t k,
-                                           int8_t* out, float* out_scales) {
+                                            int8_t* out, float* out_scales) {
   const int64_t whole = k / kInt8Group;
   const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
   for (int64_t g = 0; g < whole; ++g) {
@@ -197,8 +197,9 @@ PDSERVE_AVX2_F16C int64_t Int4ToInt8RowAvx2(const uint8_t* in, const uint16_t* s
   }
   int64_t g = 0;
   for (; g + 8 <= whole; g += 8) {
-    _mm256_storeu_ps(out_scales + g, _mm256_cvtph_ps(_mm_loadu_si128(
-                                         reinterpret_cast<const __m128i*>(scales + g))));
+    _mm256_storeu_ps(
+        out_scales + g,
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g))));
   }
   for (; g < whole; ++g) out_scales[g] = HalfToFloat(scales[g]);
   return whole;

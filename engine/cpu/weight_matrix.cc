@@ -352,8 +352,8 @@ void WeightMatrix::Int8Gemm(const float* x, float* y, int m, int num_threads,
   // Chunks of 64 rows: the kernel's repacking unit.
   SplitRows(m, 64, num_threads, pool, [&](int first, int count) {
     if (storage_ == Storage::kInt8) {
-      return GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act,
-                      y + first, n, isa);
+      return GemmInt8(int8() + int64_t{first} * k, scales() + first * groups, count, act, y + first,
+                      n, isa);
     }
     // int4: a chunk's nibbles widened to int8 values and its fp16 scales to
     // fp32 (both exact), then the same GEMM.

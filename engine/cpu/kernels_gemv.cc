@@ -138,7 +138,8 @@ PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
   }
 }
 
-// Bytes ahead of the current group GemvInt8Avx2 prefetches.
+// Bytes ahead of the current group or chunk the int8 kernels (GemvInt8Avx2,
+// GemvVnni) prefetch.
 constexpr int kInt8Prefetch = 4096;
 
 // GemvInt8 with AVX2: per group of 32, the weights widened to int16 and
@@ -352,8 +353,6 @@ PDSERVE_AVX2 void QuantizeGroupsAvx2(const float* w, int64_t n, int64_t k, float
 // lanes 0-7 the first, 8-15 the second; each lane's sum is converted to fp32
 // and scaled by (weight scale * activation scale) of its group, computed
 // once per four groups and spread over the lanes by a permute.
-// Bytes ahead of the current chunk GemvVnni prefetches.
-constexpr int kInt8ActPrefetch = 4096;
 
 #define PDSERVE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
@@ -412,9 +411,8 @@ PDSERVE_AVX512_VNNI void GemvVnni(const int8_t* q, const float* scales, const Ac
       // microbenchmark on the Zen 4 machine, for int8 and 16-bit activations
       // alike. The fp32 and bf16 loops do not prefetch: there it measured
       // neutral or slower.
-      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8ActPrefetch + 64,
-                   _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8Prefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c) + kInt8Prefetch + 64, _MM_HINT_T0);
       // The four groups' (weight scale * activation scale).
       const __m512 s4 = _mm512_castps128_ps512(
           _mm_mul_ps(_mm_loadu_ps(s + 2 * c), _mm_loadu_ps(x.scales.data() + 2 * c)));

@@ -266,14 +266,7 @@ void Int4ToInt8(const uint8_t* q, const uint16_t* scales, int64_t n, int64_t k, 
       value_scales[r * groups + g] = HalfToFloat(scales[r * groups + g]);
       const uint8_t* in = q + (r * groups + g) * kInt4GroupBytes;
       int8_t* o = values + r * k + g * kInt8Group;
-      if ((g + 1) * kInt8Group <= k) {  // a whole group: both halves of each byte
-        for (int i = 0; i < 16; ++i) {
-          o[i] = static_cast<int8_t>((in[i] & 0xf) - 8);
-          o[i + 16] = static_cast<int8_t>((in[i] >> 4) - 8);
-        }
-        continue;
-      }
-      const int count = static_cast<int>(k - g * kInt8Group);
+      const int count = static_cast<int>(std::min<int64_t>(kInt8Group, k - g * kInt8Group));
       for (int i = 0; i < count; ++i) {
         const int nibble = i < 16 ? in[i] & 0xf : in[i - 16] >> 4;
         o[i] = static_cast<int8_t>(nibble - 8);

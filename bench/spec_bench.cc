@@ -204,7 +204,11 @@ void RunBatch(engine::ModelRunner& runner, const std::vector<Request>& requests,
     // (Only when asked: a clock read more per step.)
     const bool step_cost = decode && absl::GetFlag(FLAGS_step_costs);
     const double step_start = step_cost ? CpuSeconds() : 0;
-    const absl::StatusOr<engine::StepOutput> out = runner.Step(step.batch);
+    // Through the runner's thread, as the engine core runs a step (Step
+    // may run it on this thread instead, as the draft model's steps do).
+    absl::StatusOr<std::unique_ptr<engine::StepHandle>> handle = runner.Enqueue(step.batch);
+    const absl::StatusOr<engine::StepOutput> out =
+        handle.ok() ? (*handle)->Wait() : absl::StatusOr<engine::StepOutput>(handle.status());
     if (step_cost) {
       std::pair<int64_t, double>& cost = run.step_cpu[step.num_tokens];
       ++cost.first;

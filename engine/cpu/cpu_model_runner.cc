@@ -312,14 +312,40 @@ void CpuModelRunner::Loop() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !jobs_.empty(); };
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return (stop_ && !busy_) || (!jobs_.empty() && !busy_);
+      };
       mu_.Await(absl::Condition(&ready));
       if (jobs_.empty()) return;  // stop_ and nothing left to run
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      busy_ = true;
     }
-    job.handle->Complete(Forward(job.batch, *job.handle));
+    absl::StatusOr<StepOutput> out = Forward(job.batch, *job.handle);
+    {
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+    }
+    job.handle->Complete(std::move(out));
   }
+}
+
+absl::StatusOr<StepOutput> CpuModelRunner::Step(StepBatch batch) {
+  if (absl::Status s = Validate(batch); !s.ok()) return s;
+  if (batch.seqs.empty()) return StepOutput{};
+  {
+    absl::ReleasableMutexLock lock(&mu_);
+    if (busy_ || !jobs_.empty() || stop_) {
+      lock.Release();
+      return ModelRunner::Step(std::move(batch));
+    }
+    busy_ = true;
+  }
+  Handle handle(config_.num_layers);
+  absl::StatusOr<StepOutput> out = Forward(batch, handle);
+  absl::MutexLock lock(&mu_);
+  busy_ = false;
+  return out;
 }
 
 absl::Status CpuModelRunner::Validate(const StepBatch& batch) const {

@@ -90,6 +90,9 @@ class CpuModelRunner : public ModelRunner {
   double VerificationRowCost() const override;
 
   absl::StatusOr<std::unique_ptr<StepHandle>> Enqueue(StepBatch batch) override;
+  // On the calling thread when no step is queued or running, else as
+  // Enqueue then Wait.
+  absl::StatusOr<StepOutput> Step(StepBatch batch) override;
   std::span<const KvRegion> kv_regions() const override { return regions_; }
 
   size_t LayerKvBytes(int num_tokens) const override;
@@ -193,14 +196,16 @@ class CpuModelRunner : public ModelRunner {
   // K and V storage per layer, num_blocks * block_size * KV floats each.
   std::vector<cpu::AlignedVector<float>> k_cache_, v_cache_;
   std::vector<KvRegion> regions_;  // over k_cache_/v_cache_
-  Scratch scratch_;                // runner thread only
-  std::vector<float> logits_;      // runner thread only
+  Scratch scratch_;                // the thread running the step (busy_)
+  std::vector<float> logits_;      // the thread running the step (busy_)
   // Threads of every parallel loop of a step (num_threads_ in all, the
   // runner thread included).
   std::unique_ptr<cpu::WorkPool> pool_;
 
   absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // A step runs (on the runner thread or a Step caller's): one at a time.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: runs Loop() over everything above
 };

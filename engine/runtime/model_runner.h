@@ -180,8 +180,11 @@ class ModelRunner {
   virtual absl::Status WriteLayerKv(int layer, std::span<const int32_t> block_table, int num_tokens,
                                     std::span<const std::byte> in) = 0;
 
-  // Enqueue, then Wait.
-  absl::StatusOr<StepOutput> Step(StepBatch batch);
+  // Enqueue, then Wait. A backend may run the step on the calling thread
+  // instead when nothing else is queued (the CPU runner does): the same
+  // result without two thread hand-offs, for callers that wait at once (a
+  // draft model's proposal steps).
+  virtual absl::StatusOr<StepOutput> Step(StepBatch batch);
 };
 
 // Argument checks every backend applies, so a batch is refused the same way

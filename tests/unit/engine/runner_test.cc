@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/runner_factory.h"
@@ -119,6 +120,14 @@ class RunnerTest : public testing::TestWithParam<std::string> {
     absl::StatusOr<StepOutput> out = r.Step(std::move(b));
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? out->logits : std::vector<float>{};
+  }
+  // Enqueues `prompt` from position 0 without waiting; null on refusal.
+  std::unique_ptr<StepHandle> EnqueuePrompt(std::span<const int32_t> prompt,
+                                            std::span<const int32_t> table) {
+    absl::StatusOr<std::unique_ptr<StepHandle>> h = runner_->Enqueue(
+        {.seqs = {{.tokens = prompt, .block_table = table, .sampling = &kGreedy}}});
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *std::move(h) : nullptr;
   }
   // Runs `tokens` from position 0 in chunks of `chunk` (the last samples).
   std::vector<float> ChunkedLogits(ModelRunner& r, const std::vector<int32_t>& tokens, int chunk,
@@ -243,9 +252,8 @@ TEST_P(RunnerTest, StepsRunInEnqueueOrderAndEachLayerIsSignalledWithItsKv) {
   const std::vector<int32_t> table = Iota(3, 4);
   const int32_t next = 3;
   // Enqueue the prompt and the decode step that reads its KV, then wait.
-  absl::StatusOr<std::unique_ptr<StepHandle>> first =
-      runner_->Enqueue({.seqs = {{.tokens = prompt, .block_table = table, .sampling = &kGreedy}}});
-  ASSERT_TRUE(first.ok());
+  std::unique_ptr<StepHandle> first = EnqueuePrompt(prompt, table);
+  ASSERT_NE(first, nullptr);
   absl::StatusOr<std::unique_ptr<StepHandle>> second = runner_->Enqueue(
       {.seqs =
            {{.tokens = {&next, 1}, .num_cached = 9, .block_table = table, .sampling = &kGreedy}},
@@ -253,11 +261,11 @@ TEST_P(RunnerTest, StepsRunInEnqueueOrderAndEachLayerIsSignalledWithItsKv) {
   ASSERT_TRUE(second.ok());
   std::vector<std::vector<std::byte>> at_signal(config_.num_layers);
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    ASSERT_TRUE((*first)->WaitLayer(layer).ok());
+    ASSERT_TRUE(first->WaitLayer(layer).ok());
     at_signal[layer].resize(runner_->LayerKvBytes(9));
     ASSERT_TRUE(runner_->ReadLayerKv(layer, table, 9, at_signal[layer]).ok());
   }
-  ASSERT_TRUE((*first)->Wait().ok());
+  ASSERT_TRUE(first->Wait().ok());
   absl::StatusOr<StepOutput> decoded = (*second)->Wait();
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   // Each layer's KV was complete when signalled: it equals the final cache.
@@ -271,7 +279,7 @@ TEST_P(RunnerTest, StepsRunInEnqueueOrderAndEachLayerIsSignalledWithItsKv) {
   std::unique_ptr<ModelRunner> alone = NewRunner(GetParam());
   EXPECT_LT(RelDiff(decoded->logits, LogitsOf(*alone, ten, 0, Iota(3, 0))), tolerance_);
   // A waited handle reports no further layers.
-  EXPECT_FALSE((*first)->Wait().ok());
+  EXPECT_FALSE(first->Wait().ok());
 }
 
 TEST_P(RunnerTest, KvRegionsDescribeTheCacheBytes) {
@@ -438,6 +446,54 @@ TEST_P(RunnerTest, DroppingAHandleWaitsForItsStep) {
                   ->Step({.seqs = {{.tokens = Tokens(2, config_.vocab_size, 1),
                                     .block_table = Iota(1, 0)}}})
                   .ok());
+}
+
+// Step (which a backend may run on the calling thread) after steps still
+// queued runs after them, and steps from two threads at once, some through
+// Step and some through Enqueue, each give what they give alone.
+TEST_P(RunnerTest, StepKeepsEnqueueOrderAndIsSafeBesideEnqueue) {
+  std::vector<int32_t> tokens = Tokens(12, config_.vocab_size, 6);
+  const std::vector<int32_t> blocks = Iota(3, 9);
+  std::unique_ptr<StepHandle> prompt =
+      EnqueuePrompt(std::span<const int32_t>(tokens).first(11), blocks);
+  ASSERT_NE(prompt, nullptr);
+  // Reads the prompt's KV: runs only after the queued prompt.
+  const std::vector<float> decoded = LogitsOf(*runner_, {&tokens[11], 1}, 11, blocks);
+  ASSERT_TRUE(prompt->Wait().ok());
+  std::unique_ptr<ModelRunner> alone = NewRunner(GetParam());
+  EXPECT_LT(RelDiff(decoded, LogitsOf(*alone, tokens, 0, Iota(3, 0))), tolerance_);
+
+  // Two threads, each its own sequences (blocks 0-31 and 32-63).
+  const auto run = [&](bool through_step, int first_block, std::vector<std::vector<float>>& out) {
+    for (int i = 0; i < 12; ++i) {
+      const std::vector<int32_t> tokens = Tokens(6 + i % 5, config_.vocab_size, 40 + i);
+      const std::vector<int32_t> blocks = Iota(4, first_block + 4 * (i % 8));
+      if (through_step) {
+        out.push_back(LogitsOf(*runner_, tokens, 0, blocks));
+      } else {
+        StepBatch b;
+        b.return_logits = true;
+        b.seqs.push_back({.tokens = tokens, .block_table = blocks, .sampling = &kGreedy});
+        absl::StatusOr<std::unique_ptr<StepHandle>> h = runner_->Enqueue(std::move(b));
+        ASSERT_TRUE(h.ok());
+        absl::StatusOr<StepOutput> o = (*h)->Wait();
+        ASSERT_TRUE(o.ok()) << o.status();
+        out.push_back(o->logits);
+      }
+    }
+  };
+  std::vector<std::vector<float>> by_step, by_enqueue;
+  std::thread other([&] { run(false, 32, by_enqueue); });
+  run(true, 0, by_step);
+  other.join();
+  ASSERT_EQ(by_step.size(), 12u);
+  ASSERT_EQ(by_enqueue.size(), 12u);
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<float> want =
+        LogitsOf(*alone, Tokens(6 + i % 5, config_.vocab_size, 40 + i), 0, Iota(4, 0));
+    EXPECT_LT(RelDiff(by_step[i], want), tolerance_) << "step " << i;
+    EXPECT_LT(RelDiff(by_enqueue[i], want), tolerance_) << "enqueue " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RunnerTest, testing::ValuesIn(Backends()),

@@ -84,7 +84,7 @@ double CpuModelRunner::VerificationRowCost() const {
     case cpu::Isa::kAvx512:
       return 0.2;
     case cpu::Isa::kAvx2:
-      return 0.5;
+      return 0.6;
     case cpu::Isa::kPortable:
       return 1.0;
   }

@@ -85,8 +85,10 @@ class CpuModelRunner : public ModelRunner {
   int64_t DecodeWeightBytes() const override;
   // Measured on the demo model (docs/performance.md, "Speculative
   // decoding"): 0.2 with AVX-512 (each weight read once for up to 8 rows,
-  // attention 16 lanes wide), 0.5 with AVX2 (up to 6 rows a pass, attention
-  // one call per key), 1 on the portable kernels (a row costs a step).
+  // attention 16 lanes wide), 0.6 with AVX2 (up to 6 rows a pass; 0.5-0.7
+  // on a Zen 3 EPYC, where the demo model's weights sit in the last-level
+  // cache and a step is bound by its FMAs), 1 on the portable kernels (a
+  // row costs a step).
   double VerificationRowCost() const override;
 
   absl::StatusOr<std::unique_ptr<StepHandle>> Enqueue(StepBatch batch) override;

@@ -30,6 +30,17 @@ void DraftProposer::Forget(SeqId id) {
   cached_.erase(id);
 }
 
+int DraftProposer::CatchUpTokens(SeqId id, std::span<const int32_t> tokens) const {
+  const int len = static_cast<int>(tokens.size());
+  int common = 0;
+  if (auto it = cached_.find(id); it != cached_.end()) {
+    common = static_cast<int>(
+        std::mismatch(it->second.begin(), it->second.end(), tokens.begin(), tokens.end()).first -
+        it->second.begin());
+  }
+  return std::max(0, len - 1 - common);
+}
+
 void DraftProposer::Draw(const ProposalRequest& request, Drafting& d, std::span<const float> logits,
                          Proposal& proposal) {
   const SamplingParams& params = *request.sampling;

@@ -43,6 +43,9 @@ class DraftProposer final : public Proposer {
   absl::Status Propose(std::span<const ProposalRequest> requests,
                        std::vector<Proposal>& out) override;
   void Forget(SeqId id) override;
+  // The tokens after the longest prefix the draft cache shares with
+  // `tokens`, less the newest (which every proposal computes).
+  int CatchUpTokens(SeqId id, std::span<const int32_t> tokens) const override;
 
   const ModelRunner& draft() const { return *draft_; }
   // Sequences whose KV the draft cache holds; for tests.

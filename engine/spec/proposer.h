@@ -45,6 +45,10 @@ class Proposer {
                                std::vector<Proposal>& out) = 0;
   // The sequence is gone (finished, cancelled, preempted): drop its state.
   virtual void Forget(SeqId id) {}
+  // Tokens of `tokens` (a sequence's, as in ProposalRequest) the proposer
+  // must compute before it can propose for it: a draft model's catch-up
+  // over what its cache does not hold. 0 for proposers that keep no state.
+  virtual int CatchUpTokens(SeqId id, std::span<const int32_t> tokens) const { return 0; }
 };
 
 }  // namespace pdserve::engine::spec

@@ -87,6 +87,10 @@ absl::Status SpecDecoder::ProposeFor(Scheduler& scheduler) {
     const int k = std::min(
         {state.k, seq.sampling.max_tokens - seq.num_generated() - 1, max_context - num_tokens});
     if (k <= 0) continue;
+    if (options_.catch_up_cost > 0 && options_.proposal_cost > 0 && !state.verified &&
+        !CatchUpPays(state, seq, proposer_->CatchUpTokens(id, seq.tokens))) {
+      continue;
+    }
     requests_.push_back({.id = id,
                          .tokens = seq.tokens,
                          .prompt_len = seq.prompt_len,
@@ -124,8 +128,10 @@ SpecStepStats SpecDecoder::Observe(std::span<const SequenceUpdate> updates) {
     stats.proposed += u.num_proposed;
     stats.accepted += u.num_accepted;
     stats.accepted_lengths.push_back(u.num_accepted);
-    if (!options_.adaptive || u.freed) continue;
+    if (u.freed) continue;
     SeqState& state = StateOf(u.id);
+    state.verified = true;
+    if (!options_.adaptive) continue;
     const double rate = static_cast<double>(u.num_accepted) / u.num_proposed;
     state.acceptance = (1 - options_.acceptance_smoothing) * state.acceptance +
                        options_.acceptance_smoothing * rate;
@@ -140,9 +146,8 @@ SpecStepStats SpecDecoder::Observe(std::span<const SequenceUpdate> updates) {
     state.decided = (1 - s) * state.decided + s * decided;
     bool priced_out = false;
     if (options_.proposal_cost > 0) {
-      const PricedK best =
-          BestPricedK(state.stood / state.decided, options_.num_speculative_tokens,
-                      options_.row_cost, options_.proposal_cost);
+      const PricedK best = BestPricedK(state.stood / state.decided, options_.num_speculative_tokens,
+                                       options_.row_cost, options_.proposal_cost);
       priced_out = best.speedup < options_.min_speedup;
       state.k = std::min(state.k, best.k);
     }
@@ -159,6 +164,18 @@ SpecStepStats SpecDecoder::Observe(std::span<const SequenceUpdate> updates) {
     }
   }
   return stats;
+}
+
+bool SpecDecoder::CatchUpPays(const SeqState& state, const Scheduler::Sequence& seq,
+                              int catch_up) const {
+  if (catch_up <= 0) return true;
+  // Every token left saves at most 1 - 1 / S plain steps at the priced
+  // speed-up S of the sequence's acceptance so far.
+  const double speedup = BestPricedK(state.stood / state.decided, options_.num_speculative_tokens,
+                                     options_.row_cost, options_.proposal_cost)
+                             .speedup;
+  const int left = seq.sampling.max_tokens - seq.num_generated();
+  return speedup > 1.0 && left * (1.0 - 1.0 / speedup) >= catch_up * options_.catch_up_cost;
 }
 
 void SpecDecoder::CoolDown(SeqState& state) const {

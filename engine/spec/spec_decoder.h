@@ -25,9 +25,16 @@
 // capped at the k that maximises E(k) / cost(k), and when even that
 // predicts less than min_speedup the sequence cools down as above; priced
 // out again after its probe, it cools down for max_cooldown_steps at once
-// (each probe costs the draft a catch-up over the steps it skipped). Every
-// input is counted, none timed, so a seeded request proposes the same
-// tokens in every run.
+// (each probe costs the draft a catch-up over the steps it skipped). The
+// first catch-up is priced too (catch_up_cost > 0): a sequence that has
+// never verified, whose proposer must first compute its context (the
+// draft's cache does not hold its prompt yet), proposes only if its tokens
+// left, each saving at most 1 - 1/S plain steps at the priced speed-up S,
+// repay that computing; otherwise it decodes plainly (at the tail of a
+// batch, the last long sequence no longer pays for a draft to read its
+// whole context for a few tokens). Later catch-ups (after a cool-down) are
+// the probes' price, which the cool-downs above already bound. Every input is counted, none
+// timed, so a seeded request proposes the same tokens in every run.
 //
 // Usage, on the engine thread under the engine's lock (the decode role:
 // EnginePolicy::BeforePlan and its step's Apply, engine/core/engine_core.h):
@@ -71,6 +78,12 @@ struct SpecOptions {
   // ModelRunner::VerificationRowCost() where the worker's flags build it).
   double row_cost = 0.2;
   double min_speedup = 1.1;    // predicted gain a priced verification must reach
+  // One token a proposer must compute before it can propose for a sequence
+  // (Proposer::CatchUpTokens: a draft's catch-up over a prompt or over the
+  // steps of a cool-down), in plain target steps; 0: not priced. Priced, a
+  // sequence proposes only while the tokens it has left (max_tokens less
+  // those generated) could repay its catch-up at the priced speed-up.
+  double catch_up_cost = 0.0;
 };
 
 // The k in [1, max_k] that maximises the predicted speed-up of a priced
@@ -119,8 +132,12 @@ class SpecDecoder {
     // ratio is the per-token acceptance the pricing uses.
     double stood = 1.0;
     double decided = 1.0;
+    bool verified = false;  // has verified proposals at least once
   };
   void CoolDown(SeqState& state) const;
+  // Whether `seq`'s tokens left can repay `catch_up` tokens of the
+  // proposer's own computing (SpecOptions::catch_up_cost).
+  bool CatchUpPays(const SeqState& state, const Scheduler::Sequence& seq, int catch_up) const;
   SeqState& StateOf(SeqId id);
 
   const SpecOptions options_;

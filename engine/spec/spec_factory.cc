@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
       options.proposal_cost = config.draft_cost > 0
                                   ? config.draft_cost
                                   : EstimateDraftCost((*draft)->config(), target.config());
+      options.catch_up_cost = options.proposal_cost * kDraftCatchUpFraction;
       absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
           DraftProposer::Create(*std::move(draft), target.config());
       if (!proposer.ok()) return proposer.status();

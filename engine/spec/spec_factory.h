@@ -34,6 +34,13 @@ int DefaultSpeculativeMaxBatch(SpecMethod method);
 // (forward FLOPs of one token, LM head included): counted, not timed, so
 // decisions priced with it are the same in every run.
 double EstimateDraftCost(const ModelConfig& draft, const ModelConfig& target);
+// A token of the draft's catch-up (computed with the others of its
+// sequence in one step) against one of its decode steps: the demo draft's
+// catch-up over a 110-token prompt cost 36 us a token on the Zen 3 guest,
+// its decode step 97-107 us (docs/performance.md, "Draft steps on the
+// caller's thread"). SpecOptions::catch_up_cost is this times the draft's
+// cost.
+inline constexpr double kDraftCatchUpFraction = 1.0 / 3;
 
 struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;

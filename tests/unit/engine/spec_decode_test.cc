@@ -204,8 +204,11 @@ TEST_P(SpecDecodeTest, DraftModelGreedyTokenIdentical) {
       auto proposer = spec::DraftProposer::Create(*std::move(draft), config_);
       ASSERT_TRUE(proposer.ok()) << proposer.status();
       const spec::DraftProposer* p = proposer->get();
-      spec::SpecDecoder decoder({.num_speculative_tokens = 3, .proposal_cost = cost},
-                                *std::move(proposer));
+      // Nothing cached yet: all but the newest token to catch up.
+      EXPECT_EQ(p->CatchUpTokens(1, reqs[0].prompt), static_cast<int>(reqs[0].prompt.size()) - 1);
+      spec::SpecDecoder decoder(
+          {.num_speculative_tokens = 3, .proposal_cost = cost, .catch_up_cost = cost / 3},
+          *std::move(proposer));
       const RunResult spec = RunToCompletion(*runner, reqs, &decoder);
       EXPECT_EQ(plain.tokens, spec.tokens);
       EXPECT_EQ(plain.finish, spec.finish);

@@ -2,7 +2,8 @@
 // acceptance, falls to one past the accepted count), low acceptance stops
 // its proposals for a cool-down that doubles when it happens again and
 // resets once acceptance recovers; priced proposals (a draft's) are capped
-// at the k whose predicted speed-up peaks and cool down when none pays;
+// at the k whose predicted speed-up peaks and cool down when none pays, and
+// a first catch-up must be repaid by the tokens left;
 // proposals never run past max_tokens; a proposer that proposes too much is
 // refused.
 #include "engine/spec/spec_decoder.h"
@@ -29,9 +30,11 @@ class FixedProposer final : public Proposer {
     return absl::OkStatus();
   }
   void Forget(SeqId id) override { forgotten.push_back(id); }
+  int CatchUpTokens(SeqId, std::span<const int32_t>) const override { return catch_up; }
   std::vector<int> seen;
   std::vector<SeqId> forgotten;
   int extra = 0;
+  int catch_up = 0;  // what CatchUpTokens says of every sequence
 };
 
 SequenceUpdate Verified(SeqId id, int proposed, int accepted) {
@@ -233,6 +236,38 @@ TEST(SpecDecoderTest, PricedProposalsCoolDownWhenTheyDoNotPay) {
   std::vector<SequenceUpdate> probe = {Verified(1, 1, 0)};
   priced->Observe(probe);
   EXPECT_EQ(cooling_steps(), 40);  // max_cooldown_steps
+}
+
+// A priced first catch-up: a sequence that never verified proposes only if
+// its tokens left repay the proposer's catch-up at the priced speed-up;
+// once it has verified, catch-ups are not priced; unpriced, it proposes.
+TEST(SpecDecoderTest, FirstCatchUpMustBeRepaidByTheTokensLeft) {
+  // Every proposal stands (alpha 1): k = 4 gives 5 tokens for 1 + 0.5 * 4 = 3
+  // steps, so each token left saves 1 - 3/5 = 0.4 steps; a catch-up of 30
+  // tokens at 0.1 costs 3 steps: 8 tokens left repay it, 7 do not.
+  const SpecOptions priced{.num_speculative_tokens = 4,
+                           .proposal_cost = 0.3,
+                           .row_cost = 0.2,
+                           .catch_up_cost = 0.1};
+  auto proposals = [&](const SpecOptions& options, int max_tokens, bool verified_first) {
+    auto proposer = std::make_unique<FixedProposer>();
+    FixedProposer* p = proposer.get();
+    p->catch_up = 30;
+    SpecDecoder d(options, std::move(proposer));
+    if (verified_first) {
+      std::vector<SequenceUpdate> u = {Verified(1, 4, 4)};
+      d.Observe(u);
+    }
+    DecodingScheduler s(max_tokens);  // one token generated: max_tokens - 1 left
+    EXPECT_TRUE(d.ProposeFor(s.scheduler()).ok());
+    return p->seen.size();
+  };
+  EXPECT_EQ(proposals(priced, /*max_tokens=*/9, false), 1u);  // 8 left
+  EXPECT_EQ(proposals(priced, /*max_tokens=*/8, false), 0u);  // 7 left
+  EXPECT_EQ(proposals(priced, /*max_tokens=*/8, true), 1u);   // verified before
+  SpecOptions unpriced = priced;
+  unpriced.catch_up_cost = 0;
+  EXPECT_EQ(proposals(unpriced, /*max_tokens=*/8, false), 1u);
 }
 
 TEST(SpecDecoderTest, LargeBatchesProposeNothing) {

@@ -117,61 +117,61 @@ struct Bf16x8 {
   static float Value(uint16_t v) { return Bf16Value(v); }
 };
 
-// fp32 or bf16 rows, 32 columns per iteration, four accumulators per row;
-// rows r and r + n / 2 walked together (two address streams, each in
-// order: a single stream read 10-12 GB/s from memory on a Zen 3 EPYC where
-// two read 16; docs/performance.md), each summed exactly as alone.
+// Rows walked together by the AVX2 batch-1 kernels, one from each part of
+// their rows (r, r + n / 4, ...): four ascending address streams read 20
+// GB/s from memory on a Zen 3 EPYC guest where one read 11 and two 16
+// (docs/performance.md); each row is still summed exactly as alone.
+constexpr int kStreams = 4;
+
 // A row's sum from its four accumulators and its k % 8 last products.
 template <typename Loader, typename T>
-PDSERVE_AVX2 inline float FinishRowAvx2(const T* row, const float* x, int k, __m256 a0, __m256 a1,
-                                        __m256 a2, __m256 a3) {
-  float sum = HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+PDSERVE_AVX2 inline float FinishRowAvx2(const T* row, const float* x, int k, const __m256 (&a)[4]) {
+  float sum = HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
   for (int j = k / 8 * 8; j < k; ++j) sum += Loader::Value(row[j]) * x[j];
   return sum;
 }
 
+// fp32 or bf16 rows: S rows `stride` rows apart at a time, 32 columns per
+// iteration, four accumulators per row.
+template <typename Loader, typename T, int S>
+PDSERVE_AVX2 inline void RowsAvx2(const T* w, const float* x, float* y, int64_t stride, int k) {
+  const int k32 = k / 32 * 32, k8 = k / 8 * 8;
+  __m256 a[S][4];
+#pragma GCC unroll 4
+  for (int q = 0; q < S; ++q) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) a[q][u] = _mm256_setzero_ps();
+  }
+  int i = 0;
+  for (; i < k32; i += 32) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const __m256 xv = _mm256_loadu_ps(x + i + 8 * u);
+#pragma GCC unroll 4
+      for (int q = 0; q < S; ++q) {
+        a[q][u] = _mm256_fmadd_ps(Loader::Load(w + q * stride * k + i + 8 * u), xv, a[q][u]);
+      }
+    }
+  }
+  for (; i < k8; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+#pragma GCC unroll 4
+    for (int q = 0; q < S; ++q) {
+      a[q][0] = _mm256_fmadd_ps(Loader::Load(w + q * stride * k + i), xv, a[q][0]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < S; ++q) y[q * stride] = FinishRowAvx2<Loader>(w + q * stride * k, x, k, a[q]);
+}
+
 template <typename Loader, typename T>
 PDSERVE_AVX2 void GemvAvx2(const T* w, const float* x, float* y, int n, int k) {
-  const int k32 = k / 32 * 32, k8 = k / 8 * 8;
-  const int half = n / 2;
-  for (int r = 0; r < half; ++r) {
-    const T* row = w + int64_t{r} * k;
-    const T* row2 = w + int64_t{r + half} * k;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    int i = 0;
-    for (; i < k32; i += 32) {
-      const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-      const __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
-      a0 = _mm256_fmadd_ps(Loader::Load(row + i), x0, a0);
-      b0 = _mm256_fmadd_ps(Loader::Load(row2 + i), x0, b0);
-      a1 = _mm256_fmadd_ps(Loader::Load(row + i + 8), x1, a1);
-      b1 = _mm256_fmadd_ps(Loader::Load(row2 + i + 8), x1, b1);
-      a2 = _mm256_fmadd_ps(Loader::Load(row + i + 16), x2, a2);
-      b2 = _mm256_fmadd_ps(Loader::Load(row2 + i + 16), x2, b2);
-      a3 = _mm256_fmadd_ps(Loader::Load(row + i + 24), x3, a3);
-      b3 = _mm256_fmadd_ps(Loader::Load(row2 + i + 24), x3, b3);
-    }
-    for (; i < k8; i += 8) {
-      const __m256 xv = _mm256_loadu_ps(x + i);
-      a0 = _mm256_fmadd_ps(Loader::Load(row + i), xv, a0);
-      b0 = _mm256_fmadd_ps(Loader::Load(row2 + i), xv, b0);
-    }
-    y[r] = FinishRowAvx2<Loader>(row, x, k, a0, a1, a2, a3);
-    y[r + half] = FinishRowAvx2<Loader>(row2, x, k, b0, b1, b2, b3);
+  const int part = n / kStreams;
+  for (int r = 0; r < part; ++r) {
+    RowsAvx2<Loader, T, kStreams>(w + int64_t{r} * k, x, y + r, part, k);
   }
-  if (n % 2 != 0) {  // the last row alone
-    const T* row = w + int64_t{n - 1} * k;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i < k32; i += 32) {
-      a0 = _mm256_fmadd_ps(Loader::Load(row + i), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(Loader::Load(row + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-      a2 = _mm256_fmadd_ps(Loader::Load(row + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-      a3 = _mm256_fmadd_ps(Loader::Load(row + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i < k8; i += 8) a0 = _mm256_fmadd_ps(Loader::Load(row + i), _mm256_loadu_ps(x + i), a0);
-    y[n - 1] = FinishRowAvx2<Loader>(row, x, k, a0, a1, a2, a3);
+  for (int r = kStreams * part; r < n; ++r) {
+    RowsAvx2<Loader, T, 1>(w + int64_t{r} * k, x, y + r, 0, k);
   }
 }
 
@@ -183,7 +183,9 @@ constexpr int kInt8Prefetch = 4096;
 // multiplied by x.q in pairs (vpmaddwd: two products of at most 127 * 32767
 // summed, exact in int32), the 8 lane sums converted to fp32 and scaled by
 // (weight scale * activation scale). A short last group runs the portable
-// sum. Rows r and r + n / 2 are walked together, as in GemvAvx2.
+// sum. kInt8Streams rows are walked together, as in GemvAvx2: two, since
+// each row brings its scales as a second stream (four rows measured no
+// faster than two).
 struct Int8RowAvx2 {
   const int8_t* row;
   const float* s;
@@ -229,24 +231,25 @@ PDSERVE_AVX2 void GemvInt8Avx2(const int8_t* q, const float* scales, const Int16
                                float* y, int n, int k) {
   const int64_t groups = Int8Groups(k);
   const int full = k / kInt8Group;  // groups without a tail
-  const int half = n / 2;
+  constexpr int kInt8Streams = 2;
+  const int part = n / kInt8Streams;
   const __m256 zero = _mm256_setzero_ps();
   const auto row_at = [&](int r) {
     return Int8RowAvx2{q + int64_t{r} * k, scales + r * groups, zero, zero};
   };
-  for (int r = 0; r < half; ++r) {
-    Int8RowAvx2 a = row_at(r), b = row_at(r + half);
+  for (int r = 0; r < part; ++r) {
+    Int8RowAvx2 rows[kInt8Streams];
+    for (int s = 0; s < kInt8Streams; ++s) rows[s] = row_at(r + s * part);
     for (int g = 0; g < full; ++g) {
-      Int8GroupAvx2(a, x, g);
-      Int8GroupAvx2(b, x, g);
+#pragma GCC unroll 4
+      for (int s = 0; s < kInt8Streams; ++s) Int8GroupAvx2(rows[s], x, g);
     }
-    y[r] = Int8FinishAvx2(a, x, k);
-    y[r + half] = Int8FinishAvx2(b, x, k);
+    for (int s = 0; s < kInt8Streams; ++s) y[r + s * part] = Int8FinishAvx2(rows[s], x, k);
   }
-  if (n % 2 != 0) {
-    Int8RowAvx2 a = row_at(n - 1);
+  for (int r = kInt8Streams * part; r < n; ++r) {
+    Int8RowAvx2 a = row_at(r);
     for (int g = 0; g < full; ++g) Int8GroupAvx2(a, x, g);
-    y[n - 1] = Int8FinishAvx2(a, x, k);
+    y[r] = Int8FinishAvx2(a, x, k);
   }
 }
 

@@ -6,11 +6,12 @@
 // Each kernel sums a row on its own, one row after another, never several
 // rows interleaved within one stretch of memory: on the Zen 4 machines this
 // project is measured on, interleaving several neighbouring rows streamed
-// about half as fast (docs/performance.md). The AVX2 fp32, bf16 and int8
-// kernels walk two rows at once from the two halves of their rows (r and
-// r + n / 2): two ascending address streams, which read 16 GB/s where one
-// read 10-12 on a Zen 3 EPYC guest; each row is still summed exactly as
-// alone. The instruction set is chosen at run
+// about half as fast (docs/performance.md). The AVX2 fp32 and bf16 kernels
+// walk four rows at once, one from each quarter of their rows (r, r + n / 4,
+// ...), the int8 one two (each also streams its scales): ascending address
+// streams far apart, which read fp32 weights at 20 GB/s where one stream
+// read 11 and two 16 on a Zen 3 EPYC guest; each row is still summed
+// exactly as alone. The instruction set is chosen at run
 // time (BestIsa); the portable code is the reference the others are tested
 // against. These functions are single-threaded; callers split rows across
 // threads.

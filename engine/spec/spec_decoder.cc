@@ -145,7 +145,7 @@ SpecStepStats SpecDecoder::Observe(std::span<const SequenceUpdate> updates) {
     state.stood = (1 - s) * state.stood + s * u.num_accepted;
     state.decided = (1 - s) * state.decided + s * decided;
     bool priced_out = false;
-    if (options_.proposal_cost > 0) {
+    if (options_.proposal_cost > 0 || options_.price_rows) {
       const PricedK best = BestPricedK(state.stood / state.decided, options_.num_speculative_tokens,
                                        options_.row_cost, options_.proposal_cost);
       priced_out = best.speedup < options_.min_speedup;

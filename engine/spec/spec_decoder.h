@@ -16,7 +16,8 @@
 // with k = 1. Verifying poor proposals costs compute a step at a large batch
 // cannot spare; proposing nothing costs nothing.
 //
-// Proposals that cost work of their own (a draft model: proposal_cost > 0)
+// Proposals that cost work of their own (a draft model: proposal_cost > 0),
+// and free ones whose verification rows are priced (price_rows: n-grams),
 // are also priced (Leviathan et al. 2023, section 3.3, with the target's
 // verification rows priced too): with a per-token acceptance alpha (an
 // exponential average of tokens that stood over tokens decided), a
@@ -77,13 +78,17 @@ struct SpecOptions {
   // One verification row beyond the first, likewise (the runner's
   // ModelRunner::VerificationRowCost() where the worker's flags build it).
   double row_cost = 0.2;
-  double min_speedup = 1.1;    // predicted gain a priced verification must reach
+  double min_speedup = 1.1;  // predicted gain a priced verification must reach
   // One token a proposer must compute before it can propose for a sequence
   // (Proposer::CatchUpTokens: a draft's catch-up over a prompt or over the
   // steps of a cool-down), in plain target steps; 0: not priced. Priced, a
   // sequence proposes only while the tokens it has left (max_tokens less
   // those generated) could repay its catch-up at the priced speed-up.
   double catch_up_cost = 0.0;
+  // Price verifications although the proposals cost nothing to make
+  // (proposal_cost 0: n-grams): each row beyond the first still costs
+  // row_cost, so k is capped and the sequence cools down as above.
+  bool price_rows = false;
 };
 
 // The k in [1, max_k] that maximises the predicted speed-up of a priced

@@ -56,6 +56,8 @@ absl::StatusOr<std::unique_ptr<SpecDecoder>> CreateSpecDecoder(const SpecConfig&
         return absl::InvalidArgumentError(absl::StrCat("n-gram range [", config.ngram.min_n, ", ",
                                                        config.ngram.max_n, "] is empty"));
       }
+      // Free to propose, not to verify: a row costs row_cost of a step.
+      options.price_rows = true;
       return std::make_unique<SpecDecoder>(options, std::make_unique<NgramProposer>(config.ngram));
     case SpecMethod::kDraft: {
       if (config.draft_model_dir.empty()) {

@@ -185,39 +185,40 @@ TEST(SpecDecoderTest, PricedKMaximisesThePredictedSpeedup) {
   EXPECT_EQ(BestPricedK(0.8, 4, 0.2, 0.3).k, 2);
 }
 
+// Sequence 1 verifies once with every proposal standing (the longest k
+// then pays, checked), then six times with its proposals in turn rejected
+// at their first token and all standing (about one token in two decided
+// stands). Returns its k after that (0: cooling down).
+int HalfStanding(SpecDecoder& d) {
+  std::vector<SequenceUpdate> u = {Verified(1, 4, 4)};
+  d.Observe(u);
+  EXPECT_EQ(d.NextK(1), 4);
+  for (int i = 0; i < 6; ++i) {
+    const int k = d.NextK(1);
+    if (k == 0) continue;
+    u = {Verified(1, k, i % 2 == 0 ? 0 : k)};
+    d.Observe(u);
+  }
+  return d.NextK(1);
+}
+
 // A priced proposer: k is capped where the predicted speed-up peaks, and a
 // sequence whose proposals no longer pay cools down although its acceptance
 // stays above min_acceptance; an unpriced one (proposal_cost 0) keeps
 // proposing at the same acceptance.
 TEST(SpecDecoderTest, PricedProposalsCoolDownWhenTheyDoNotPay) {
   auto make = [](double proposal_cost) {
-    return std::make_unique<SpecDecoder>(
-        SpecOptions{.num_speculative_tokens = 4,
-                    .min_acceptance = 0.05,
-                    .min_cooldown_steps = 4,
-                    .max_cooldown_steps = 40,
-                    .proposal_cost = proposal_cost},
-        std::make_unique<FixedProposer>());
+    return std::make_unique<SpecDecoder>(SpecOptions{.num_speculative_tokens = 4,
+                                                     .min_acceptance = 0.05,
+                                                     .min_cooldown_steps = 4,
+                                                     .max_cooldown_steps = 40,
+                                                     .proposal_cost = proposal_cost},
+                                         std::make_unique<FixedProposer>());
   };
   std::unique_ptr<SpecDecoder> priced = make(0.3);
   std::unique_ptr<SpecDecoder> free = make(0.0);
-  for (SpecDecoder* d : {priced.get(), free.get()}) {
-    std::vector<SequenceUpdate> u = {Verified(1, 4, 4)};
-    d->Observe(u);
-    EXPECT_EQ(d->NextK(1), 4);  // all stood: the longest k pays
-  }
-  // Half of what is proposed is rejected at its first token, in turn with
-  // all of it standing: about one token in two decided stands.
-  for (int i = 0; i < 6; ++i) {
-    for (SpecDecoder* d : {priced.get(), free.get()}) {
-      const int k = d->NextK(1);
-      if (k == 0) continue;
-      std::vector<SequenceUpdate> u = {Verified(1, k, i % 2 == 0 ? 0 : k)};
-      d->Observe(u);
-    }
-  }
-  EXPECT_EQ(priced->NextK(1), 0);  // cooling down
-  EXPECT_GT(free->NextK(1), 0);
+  EXPECT_EQ(HalfStanding(*priced), 0);  // cooling down
+  EXPECT_GT(HalfStanding(*free), 0);
 
   // The cool-down runs its 4 steps; a probe that is priced out again stops
   // the sequence for the longest cool-down at once (each probe costs a draft
@@ -245,10 +246,8 @@ TEST(SpecDecoderTest, FirstCatchUpMustBeRepaidByTheTokensLeft) {
   // Every proposal stands (alpha 1): k = 4 gives 5 tokens for 1 + 0.5 * 4 = 3
   // steps, so each token left saves 1 - 3/5 = 0.4 steps; a catch-up of 30
   // tokens at 0.1 costs 3 steps: 8 tokens left repay it, 7 do not.
-  const SpecOptions priced{.num_speculative_tokens = 4,
-                           .proposal_cost = 0.3,
-                           .row_cost = 0.2,
-                           .catch_up_cost = 0.1};
+  const SpecOptions priced{
+      .num_speculative_tokens = 4, .proposal_cost = 0.3, .row_cost = 0.2, .catch_up_cost = 0.1};
   auto proposals = [&](const SpecOptions& options, int max_tokens, bool verified_first) {
     auto proposer = std::make_unique<FixedProposer>();
     FixedProposer* p = proposer.get();
@@ -268,6 +267,22 @@ TEST(SpecDecoderTest, FirstCatchUpMustBeRepaidByTheTokensLeft) {
   SpecOptions unpriced = priced;
   unpriced.catch_up_cost = 0;
   EXPECT_EQ(proposals(unpriced, /*max_tokens=*/8, false), 1u);
+}
+
+// Free proposals (n-grams) with their verification rows priced: at about
+// one token in two standing, a row at 0.6 of a step does not pay and the
+// sequence cools down; unpriced, it keeps proposing; with every proposal
+// standing, the priced one keeps the longest k.
+TEST(SpecDecoderTest, PricedRowsCoolDownFreeProposalsThatDoNotPay) {
+  auto make = [](bool price_rows) {
+    return std::make_unique<SpecDecoder>(SpecOptions{.num_speculative_tokens = 4,
+                                                     .min_acceptance = 0.05,
+                                                     .row_cost = 0.6,
+                                                     .price_rows = price_rows},
+                                         std::make_unique<FixedProposer>());
+  };
+  EXPECT_EQ(HalfStanding(*make(true)), 0);  // cooling down
+  EXPECT_GT(HalfStanding(*make(false)), 0);
 }
 
 TEST(SpecDecoderTest, LargeBatchesProposeNothing) {

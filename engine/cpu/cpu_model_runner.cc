@@ -312,8 +312,9 @@ void CpuModelRunner::Loop() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
+      // Not while a Step runs on its caller's thread.
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return (stop_ && !busy_) || (!jobs_.empty() && !busy_);
+        return !busy_ && (stop_ || !jobs_.empty());
       };
       mu_.Await(absl::Condition(&ready));
       if (jobs_.empty()) return;  // stop_ and nothing left to run

@@ -623,11 +623,7 @@ PDSERVE_AVX2 void GemvManyAvx2(const T* w, const float* x, float* y, int ldy, in
       }
     }
     for (int g = 0; g < G; ++g) {
-      const float* xg = x + int64_t{g} * k;
-      float sum = HorizontalSum8(
-          _mm256_add_ps(_mm256_add_ps(a[g][0], a[g][1]), _mm256_add_ps(a[g][2], a[g][3])));
-      for (int j = i; j < k; ++j) sum += Loader::Value(row[j]) * xg[j];
-      y[int64_t{g} * ldy + r] = sum;
+      y[int64_t{g} * ldy + r] = FinishRowAvx2<Loader>(row, x + int64_t{g} * k, k, a[g]);
     }
   }
 }

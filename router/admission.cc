@@ -20,7 +20,12 @@ bool PrefillTakes(const WorkerView& w, const AdmissionQuery& query,
   const int64_t queued = QueuedPrefillTokens(w);
   if (queued == 0) return true;
   const int64_t batch = w.load.max_batch_tokens > 0 ? w.load.max_batch_tokens : kDefaultBatchTokens;
-  return queued + query.prompt_tokens <= int64_t{options.prefill_queue_batches} * batch;
+  const int64_t after = queued + query.prompt_tokens;
+  if (after > int64_t{options.prefill_queue_batches} * batch) return false;
+  if (options.prefill_queue_seconds > 0 && w.load.tokens_per_second > 0) {
+    return static_cast<double>(after) <= options.prefill_queue_seconds * w.load.tokens_per_second;
+  }
+  return true;
 }
 
 bool DecodeTakes(const WorkerView& w, const AdmissionQuery& query) {

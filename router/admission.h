@@ -7,7 +7,8 @@
 // accounting since (router/worker_registry.h): a request fits when some
 // decode worker can reserve its KV (free blocks, sequence slots) and some
 // prefill worker whose KV it accepts has a short enough queue (prompt
-// tokens under `prefill_queue_batches` of its steps). Requests that do not
+// tokens under `prefill_queue_batches` of its steps, and with
+// `prefill_queue_seconds` under that many seconds of its work). Requests that do not
 // fit wait here, in order of priority (lower first), first come first
 // served within one, until they fit, their deadline passes or they waited
 // `max_wait`; when the queue is full, a request is refused at once (the
@@ -38,6 +39,12 @@ struct AdmissionOptions {
   // under this many of its steps (its reported max_batch_tokens; 4096 when
   // it reports none). A worker with nothing queued takes any one prompt.
   int prefill_queue_batches = 4;
+  // And, where > 0, while they take no more than this many seconds at the
+  // rate the worker reports (LoadReport::tokens_per_second; a worker that
+  // reports none is bounded by the steps alone). The rest wait here, so a
+  // worker that joins the pool takes the backlog at once instead of the
+  // new arrivals only (late binding: what an autoscaler's new worker needs).
+  double prefill_queue_seconds = 0;
 };
 
 // What a request needs.

@@ -87,6 +87,10 @@ ABSL_FLAG(int, max_queue_wait_ms, 120000,
 ABSL_FLAG(int, prefill_queue_batches, 4,
           "Prompts are sent to a prefill worker while the tokens queued there stay under this many "
           "of its steps (--max_batch_tokens); the rest wait at the router");
+ABSL_FLAG(double, prefill_queue_seconds, 0,
+          "And (> 0) while they take at most this many seconds at the worker's reported rate: the "
+          "rest wait at the router, so a prefill worker that joins takes the backlog at once "
+          "(0: the steps bound alone)");
 ABSL_FLAG(std::string, weight_dtype, "",
           "Weight storage every worker must serve (auto, f32, bf16, int8, w8a8, int4); empty: not "
           "checked (prefill and decode workers are paired only where their models as served are "
@@ -114,6 +118,10 @@ int Main() {
   if (!SetLogLevelFlag(absl::GetFlag(FLAGS_log_level))) return 2;
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     std::cerr << "--model_dir is required\n";
+    return 2;
+  }
+  if (!(absl::GetFlag(FLAGS_prefill_queue_seconds) >= 0)) {
+    std::cerr << "--prefill_queue_seconds must be >= 0\n";
     return 2;
   }
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
@@ -178,7 +186,8 @@ int Main() {
        .model = &prompt_source->config,
        .admission = {.max_queued = absl::GetFlag(FLAGS_max_queued_requests),
                      .max_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_queue_wait_ms)),
-                     .prefill_queue_batches = absl::GetFlag(FLAGS_prefill_queue_batches)},
+                     .prefill_queue_batches = absl::GetFlag(FLAGS_prefill_queue_batches),
+                     .prefill_queue_seconds = absl::GetFlag(FLAGS_prefill_queue_seconds)},
        .empty_pool_retry_after =
            absl::Milliseconds(std::max(1000, 2 * absl::GetFlag(FLAGS_heartbeat_interval_ms)))});
   const int max_in_flight = absl::GetFlag(FLAGS_max_in_flight);

@@ -24,10 +24,12 @@
 #       [--rate_scale 1]   # multiplies every phase's request rate
 #       [--warmup_s 0]     # first this long of the mixed phase's load, not measured, for
 #                          # every setup alike (the planner then starts from traffic it has seen)
+#       [--router_flags "..."]  # extra router flags, for every setup alike
+#                          # (e.g. --prefill_queue_seconds=0.5: the backlog waits at the router)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/build" out="" rounds=1 phase_s=90 setups="fixed_1p2d fixed_2p1d planner"
-ttft_slo=4 itl_slo=0.15 rate_scale=1 warmup_s=0
+ttft_slo=4 itl_slo=0.15 rate_scale=1 warmup_s=0 router_flags=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     --itl_slo) itl_slo=$2; shift 2 ;;
     --rate_scale) rate_scale=$2; shift 2 ;;
     --warmup_s) warmup_s=$2; shift 2 ;;
+    --router_flags) router_flags=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +55,7 @@ cluster="$root/deploy/local/cluster.sh"
 model="$out/model"
 bench_model "$model" "$bin"
 bench_machine_info "$out/machine.txt" "$root"
+[ -z "$router_flags" ] || echo "router flags: $router_flags" >> "$out/machine.txt"
 
 # name rate prompt_len output_len: sized for the bench model on this
 # 2-core machine while it is shared with other work (measured at a load
@@ -118,7 +122,7 @@ run_setup() {  # setup round
   esac
   rm -rf "$out/cluster"
   info=$("$cluster" start --model "$model" --prefill "$p" --decode "$d" --threads 1 \
-           --work "$out/cluster" --bin "$bin")
+           --work "$out/cluster" --bin "$bin" --router_flags "$router_flags")
   router=$(echo "$info" | sed -n 's/.*router=\([^ ]*\).*/\1/p')
   if [ "$1" = planner ]; then
     rm -f "$out/planner-round$2.jsonl"

@@ -69,6 +69,39 @@ TEST(AdmissionTest, CapacityFollowsTheReports) {
   EXPECT_FALSE(HasCapacity(std::vector{Prefill(0)}, std::vector{d}, query, options));
 }
 
+// With prefill_queue_seconds, a worker is also sent prompts only while its
+// queue stays within that many seconds at its reported rate: the rest wait
+// at the router, where a worker that joins takes them. A worker reporting
+// no rate is bounded by its steps alone; an empty queue takes any prompt.
+TEST(AdmissionTest, PrefillQueueSecondsHoldsTheBacklogAtTheRouter) {
+  const AdmissionOptions timed{.prefill_queue_batches = 4, .prefill_queue_seconds = 0.5};
+  const AdmissionOptions steps_only{.prefill_queue_batches = 4};
+  const AdmissionQuery query{.prompt_tokens = 200, .max_tokens = 16};
+  const std::vector<WorkerView> decode = {Decode(100)};
+  struct Case {
+    std::string name;
+    WorkerView prefill;
+    bool fits_timed, fits_steps_only;
+  };
+  const Case cases[] = {
+      // 1000 tokens/s: 0.5 s is 500 tokens.
+      {"300 queued + 200 is 0.5 s", Prefill(300, 1024, 1000), true, true},
+      {"301 queued + 200 is over 0.5 s", Prefill(301, 1024, 1000), false, true},
+      {"an empty queue takes any prompt", Prefill(0, 1024, 100), true, true},
+      {"no rate reported: the steps bound alone", Prefill(3000, 1024, 0), true, true},
+      {"the steps bound still holds", Prefill(3900, 1024, 1e6), false, false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(HasCapacity(std::vector{c.prefill}, decode, query, timed), c.fits_timed) << c.name;
+    EXPECT_EQ(HasCapacity(std::vector{c.prefill}, decode, query, steps_only), c.fits_steps_only)
+        << c.name;
+  }
+  // Two workers: the backlog that one holds back goes to the one that joined.
+  EXPECT_FALSE(HasCapacity(std::vector{Prefill(450, 1024, 1000)}, decode, query, timed));
+  EXPECT_TRUE(HasCapacity(std::vector{Prefill(450, 1024, 1000), Prefill(0, 1024, 0)}, decode,
+                          query, timed));
+}
+
 TEST(AdmissionTest, QueueOrderIsPriorityThenArrivalAndARefusedRequestGoesFirst) {
   AdmissionQueue q({.max_queued = 10});
   ASSERT_TRUE(q.Push({.ticket = 1, .priority = 0, .enqueued = kT0, .tokens = 10}));

@@ -98,8 +98,8 @@ TEST(AdmissionTest, PrefillQueueSecondsHoldsTheBacklogAtTheRouter) {
   }
   // Two workers: the backlog that one holds back goes to the one that joined.
   EXPECT_FALSE(HasCapacity(std::vector{Prefill(450, 1024, 1000)}, decode, query, timed));
-  EXPECT_TRUE(HasCapacity(std::vector{Prefill(450, 1024, 1000), Prefill(0, 1024, 0)}, decode,
-                          query, timed));
+  EXPECT_TRUE(HasCapacity(std::vector{Prefill(450, 1024, 1000), Prefill(0, 1024, 0)}, decode, query,
+                          timed));
 }
 
 TEST(AdmissionTest, QueueOrderIsPriorityThenArrivalAndARefusedRequestGoesFirst) {

@@ -51,7 +51,9 @@ std::vector<float> Repeat(const std::vector<float>& from, const std::vector<int6
 absl::Status WidenCheckpoint(const std::string& in_dir, const std::string& out_dir,
                              const WidenOptions& options) {
   const int k = options.factor;
-  if (k < 2) return absl::InvalidArgumentError(absl::StrCat("factor must be >= 2, got ", k));
+  if (k < 2 || k > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("factor must be in [2, 64], got ", k));
+  }
   std::error_code ec;
   if (std::filesystem::equivalent(in_dir, out_dir, ec)) {
     return absl::InvalidArgumentError("out_dir must differ from in_dir");

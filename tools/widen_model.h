@@ -32,8 +32,10 @@ struct WidenOptions {
 // Reads the checkpoint in `in_dir` (config.json and safetensors, single file
 // or sharded) and writes the widened one to `out_dir` (config.json,
 // model.safetensors, and every other file of in_dir that is not a
-// checkpoint file, e.g. the tokenizer, copied). INVALID_ARGUMENT for a
-// factor below 2, an unknown dtype, or out_dir equal to in_dir.
+// checkpoint file but the source's README, copied: the tokenizer, the
+// generation config). The widened tensors are held in memory as fp32 while
+// they are written: a tool for small models. INVALID_ARGUMENT for a factor
+// outside [2, 64], an unknown dtype, or out_dir equal to in_dir.
 absl::Status WidenCheckpoint(const std::string& in_dir, const std::string& out_dir,
                              const WidenOptions& options);
 

@@ -106,6 +106,7 @@ TEST(WidenModelErrorsTest, RefusesWhatItCannotWiden) {
       testing_models::WriteTinyModel(testing_models::TinyGqaConfig(), 3, "f32", "widen_errors");
   const std::string out = ::testing::TempDir() + "/widen_errors_out";
   EXPECT_EQ(WidenCheckpoint(dir, out, {.factor = 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WidenCheckpoint(dir, out, {.factor = 65}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WidenCheckpoint(dir, out, {.factor = 2, .dtype = "int3"}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WidenCheckpoint(dir, dir, {.factor = 2}).code(), absl::StatusCode::kInvalidArgument);

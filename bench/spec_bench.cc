@@ -385,13 +385,16 @@ void PrintTrace(const std::string& workload, const std::string& method, const Ru
   }
 }
 
-// A temporary directory removed when it goes out of scope.
+// A temporary directory, removed (with what it holds) when destroyed.
 class TempDir {
  public:
-  TempDir() {
+  // Creates the directory; false if it could not.
+  bool Create() {
     std::string pattern =
         (std::filesystem::temp_directory_path() / "pdserve_spec_bench_XXXXXX").string();
-    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+    if (mkdtemp(pattern.data()) == nullptr) return false;
+    path_ = pattern;
+    return true;
   }
   ~TempDir() {
     std::error_code ec;
@@ -405,9 +408,10 @@ class TempDir {
 
 int Main() {
   std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  TempDir widened;
+  // Static: std::exit on a failed step still removes it.
+  static TempDir widened;
   if (const int widen = absl::GetFlag(FLAGS_widen); widen != 0) {
-    if (widened.path().empty()) {
+    if (!widened.Create()) {
       std::fprintf(stderr, "cannot create a temporary directory\n");
       return 1;
     }

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,12 +16,6 @@
 
 namespace pdserve::engine {
 namespace {
-
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 bool IsCheckpointFile(const std::string& name) {
   return name == "config.json" || name == "model.safetensors.index.json" ||
@@ -58,9 +51,8 @@ absl::Status WidenCheckpoint(const std::string& in_dir, const std::string& out_d
   if (std::filesystem::equivalent(in_dir, out_dir, ec)) {
     return absl::InvalidArgumentError("out_dir must differ from in_dir");
   }
-  absl::StatusOr<std::string> text = ReadText(in_dir + "/config.json");
-  if (!text.ok()) return text.status();
-  absl::StatusOr<ModelConfig> parsed = ModelConfig::FromJson(*text);
+  // config.json alone: generation_config.json is copied as it is.
+  absl::StatusOr<ModelConfig> parsed = ModelConfig::FromFile(in_dir + "/config.json");
   if (!parsed.ok()) return parsed.status();
   const ModelConfig config = *std::move(parsed);
 

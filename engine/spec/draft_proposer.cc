@@ -30,15 +30,17 @@ void DraftProposer::Forget(SeqId id) {
   cached_.erase(id);
 }
 
+int DraftProposer::CachedTokens(SeqId id, std::span<const int32_t> tokens) const {
+  auto it = cached_.find(id);
+  if (it == cached_.end()) return 0;
+  const int common = static_cast<int>(
+      std::mismatch(it->second.begin(), it->second.end(), tokens.begin(), tokens.end()).first -
+      it->second.begin());
+  return std::min(common, std::max(0, static_cast<int>(tokens.size()) - 1));
+}
+
 int DraftProposer::CatchUpTokens(SeqId id, std::span<const int32_t> tokens) const {
-  const int len = static_cast<int>(tokens.size());
-  int common = 0;
-  if (auto it = cached_.find(id); it != cached_.end()) {
-    common = static_cast<int>(
-        std::mismatch(it->second.begin(), it->second.end(), tokens.begin(), tokens.end()).first -
-        it->second.begin());
-  }
-  return std::max(0, len - 1 - common);
+  return std::max(0, static_cast<int>(tokens.size()) - 1 - CachedTokens(id, tokens));
 }
 
 void DraftProposer::Draw(const ProposalRequest& request, Drafting& d, std::span<const float> logits,
@@ -90,16 +92,13 @@ absl::Status DraftProposer::Propose(std::span<const ProposalRequest> requests,
     // The draft computes up to the one before its last proposal.
     const int needed = len + r.max_tokens - 1;
     if (needed > max_context) continue;
-    std::vector<int32_t>& cached = cached_[r.id];
-    const int common = static_cast<int>(
-        std::mismatch(cached.begin(), cached.end(), r.tokens.begin(), r.tokens.end()).first -
-        cached.begin());
+    const int num_cached = CachedTokens(r.id, r.tokens);
     absl::Status room = kv_.Contains(r.id) ? kv_.Reserve(r.id, needed) : kv_.Allocate(r.id, needed);
     if (!room.ok()) {
       Forget(r.id);  // no room now: rebuilt when there is
       continue;
     }
-    Drafting d{.request = i, .num_cached = std::min(common, len - 1), .max_tokens = r.max_tokens};
+    Drafting d{.request = i, .num_cached = num_cached, .max_tokens = r.max_tokens};
     d.context.assign(r.tokens.begin(), r.tokens.end());
     drafting.push_back(std::move(d));
   }

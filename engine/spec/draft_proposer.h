@@ -61,6 +61,9 @@ class DraftProposer final : public Proposer {
     int num_cached = 0;            // tokens of `context` in the draft cache
     int max_tokens = 0;
   };
+  // Tokens of `tokens` the draft cache holds for `id` (its longest common
+  // prefix), at most all but the newest, which every proposal computes.
+  int CachedTokens(SeqId id, std::span<const int32_t> tokens) const;
   // Draws the next draft token of `d` from `logits` (greedy or sampled)
   // into `proposal`.
   void Draw(const ProposalRequest& request, Drafting& d, std::span<const float> logits,

@@ -181,10 +181,10 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   double window_load = 0;      // over the latency window
   if (served.has_value() && (!prefill || o.prefill_queued_tokens.has_value())) {
     // Queued prompt tokens are demand to be served within backlog_drain.
-    const double backlog =
-        prefill ? *o.prefill_queued_tokens /
-                      std::max(1e-3, absl::ToDoubleSeconds(options_.backlog_drain))
-                : 0.0;
+    const double backlog = prefill
+                               ? *o.prefill_queued_tokens /
+                                     std::max(1e-3, absl::ToDoubleSeconds(options_.backlog_drain))
+                               : 0.0;
     window_load = *served + backlog;
     load = (recent.has_value() && std::isfinite(*recent) ? *recent : *served) + backlog;
   }
@@ -224,8 +224,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
   if (prefill) {
     prior_scale_ = 1;
     if (measured && settled && *ready == current) {
-      const double at_window =
-          PriorPrefillTtft(o, window_load, current, /*recent_prompts=*/false);
+      const double at_window = PriorPrefillTtft(o, window_load, current, /*recent_prompts=*/false);
       if (std::isfinite(at_window) && at_window > 0) {
         prior_scale_ = std::min(1.0, *latency / at_window);
       }
@@ -269,8 +268,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
         prefill ? PriorPrefillSize(o, d.forecast_load, lo, hi, prior_scale_) : 0;
     if (prior_needed > current && prior_needed > needed) {
       needed = prior_needed;
-      absl::StrAppendFormat(&d.detail,
-                            "prior: %.4g tok/s per busy worker predicts %.3gs (x%.2g); ",
+      absl::StrAppendFormat(&d.detail, "prior: %.4g tok/s per busy worker predicts %.3gs (x%.2g); ",
                             *o.prefill_tokens_per_busy_s,
                             prior_scale_ * PriorPrefillTtft(o, d.forecast_load, current),
                             prior_scale_);
@@ -318,11 +316,10 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
     if (current <= lo) d.reason = Reason::kAtMin;
   }
   d.desired = want;
-  d.detail +=
-      absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s (window %.1f) forecast=%.1f",
-                      prefill ? "ttft" : "itl",
-                      measured ? absl::StrFormat("%.4gs", *latency) : std::string("none"), *ready,
-                      current, d.load, window_load, d.forecast_load);
+  d.detail += absl::StrFormat("%s_q=%s n=%d/%d load=%.1ftok/s (window %.1f) forecast=%.1f",
+                              prefill ? "ttft" : "itl",
+                              measured ? absl::StrFormat("%.4gs", *latency) : std::string("none"),
+                              *ready, current, d.load, window_load, d.forecast_load);
   if (fit.has_value()) {
     absl::StrAppendFormat(&d.detail, " model(y0=%.4gs x_max=%.4g seen<=%.4g)", fit->y0, fit->x_max,
                           fit->max_observed_x);
@@ -402,19 +399,22 @@ Decision Planner::Decide(const Observation& o, const PerPool<int>& current) {
       st.max_want_since_down = d.desired;
     }
     st.max_want_since_down = std::max(st.max_want_since_down, d.desired);
-    // A move under the budget: this pool would keep its size, the other is
-    // predicted to breach and needs the worker more. When this pool stays
-    // within its SLO with one fewer, it is the other pool's scale-up, so it
-    // does not wait out a stabilization window (only the longer one a move
-    // undone soon after earns), but it waits for the other pool to be able
-    // to grow. A move that only trades a breach for a smaller one waits
-    // like any scale-down, and so does moving back a worker that this pool
-    // got by a move itself: in a lull of its demand the worker would go
-    // back, and come again when the lull ends, each move a drain and a
-    // start.
-    const bool move = d.reason == Reason::kBudget && wanted[pool] >= d.current &&
-                      !st.moved_in && Pressure(pool, o, d, d.current - 1) <= 1;
+    // A move under the budget: the other pool wants to grow and the budget
+    // holds it back (it is predicted to breach and needs the worker more
+    // than this pool would keep it, or this pool would give the worker up
+    // anyway). When this pool stays within its SLO with one fewer, it is
+    // the other pool's scale-up, so it does not wait out a stabilization
+    // window (only the longer one a move undone soon after earns), but it
+    // waits for the other pool to be able to grow. A move that only trades
+    // a breach for a smaller one waits like any scale-down, and so does
+    // moving back a worker that this pool got by a move itself: in a lull
+    // of its demand the worker would go back, and come again when the lull
+    // ends, each move a drain and a start.
     const Pool other = pool == Pool::kPrefill ? Pool::kDecode : Pool::kPrefill;
+    const PoolDecision& od = out.pools[other];
+    const bool other_held =
+        budget > 0 && !Frozen(od) && wanted[other] > od.current && d.current + od.current >= budget;
+    const bool move = other_held && !st.moved_in && Pressure(pool, o, d, d.current - 1) <= 1;
     const absl::Duration stabilization = options_.stabilization * (st.backoff - (move ? 1 : 0));
     const bool cooling =
         st.last_change.has_value() && now - *st.last_change < options_.scale_down_cooldown;

@@ -521,8 +521,7 @@ TEST(PlannerDecisionTest, AMoveThatOnlyTradesBreachesWaitsOutTheStabilization) {
   // ms), prefill with one worker breaches far worse (614 tok/s at 640 tok/s
   // per worker): the worker goes to prefill, but not at once.
   // (The first phase's demand varies, so that decode's curve has a slope.)
-  const std::vector<ShiftPhase> phases = {{45, 128, 32, 450, 640, 0.4},
-                                          {30, 614, 192, 450, 640}};
+  const std::vector<ShiftPhase> phases = {{45, 128, 32, 450, 640, 0.4}, {30, 614, 192, 450, 640}};
   ShiftTrace t = SimulateShift(ShiftOptions(), {1, 2}, phases, /*with_recent=*/true);
   EXPECT_EQ(t.sizes[44].decode, 2);
   int first_held = -1, moved = -1;
@@ -565,6 +564,44 @@ TEST(PlannerDecisionTest, AWorkerMovedInIsNotMovedBackInALull) {
   bool wanted = false;
   for (int i = 75; i < 78; ++i) wanted |= t.decisions[i].pools.prefill.reason == Reason::kBudget;
   EXPECT_TRUE(wanted);
+}
+
+TEST(PlannerDecisionTest, APoolWithSpareCapacityGivesItsWorkerAtOnceToThePoolHeldByTheBudget) {
+  // Prefill-heavy at 2P+1D, then short prompts while decode's demand ramps
+  // up to past one worker's. Whether the prefill pool, by the time decode
+  // wants the worker, would still keep it (its latency window still holds
+  // the long prompts) or would give it up anyway (spare capacity), the
+  // worker moves in the interval decode first asks for it: a scale-down
+  // that the other pool is waiting for is that pool's scale-up, and does
+  // not wait out the stabilization window.
+  bool saw_spare_donor = false;
+  for (double slope : {15.0, 25.0, 40.0, 60.0, 100.0}) {
+    std::vector<ShiftPhase> phases = {{30, 500, 256, 100, 700, 0.4}};
+    for (double output = 100; output < 560; output += slope) {
+      phases.push_back({1, 128, 32, output, 700});
+    }
+    phases.push_back({20, 128, 32, 560, 700});
+    ShiftTrace t = SimulateShift(ShiftOptions(), {2, 1}, phases, /*with_recent=*/true);
+    ASSERT_EQ(t.sizes[29].prefill, 2) << "slope " << slope;
+    int first_want = -1, moved = -1;
+    for (size_t i = 30; i < t.sizes.size(); ++i) {
+      const Reason r = t.decisions[i].pools.decode.reason;
+      if (first_want < 0 &&
+          (r == Reason::kBudget || r == Reason::kPredictedBreach || r == Reason::kSloBreached)) {
+        first_want = static_cast<int>(i);
+      }
+      if (moved < 0 && t.sizes[i].decode == 2) moved = static_cast<int>(i);
+    }
+    ASSERT_GE(first_want, 30) << "slope " << slope;
+    ASSERT_GE(moved, 30) << "slope " << slope << ": never moved the worker to decode";
+    EXPECT_EQ(moved, first_want) << "slope " << slope << ": waited to move; prefill: "
+                                 << t.decisions[first_want].pools.prefill.detail;
+    EXPECT_EQ(t.sizes[moved].prefill, 1) << "slope " << slope;
+    saw_spare_donor |= t.decisions[moved].pools.prefill.reason == Reason::kSpareCapacity;
+    EXPECT_EQ(t.sizes.back().prefill, 1) << "slope " << slope;
+    EXPECT_EQ(t.sizes.back().decode, 2) << "slope " << slope;
+  }
+  EXPECT_TRUE(saw_spare_donor) << "no case had a donor that would have shrunk by itself";
 }
 
 TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {

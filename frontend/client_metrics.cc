@@ -32,6 +32,12 @@ ClientMetrics::ClientMetrics(prometheus::Registry& r)
                         .Help("Prompt tokens of admitted requests")
                         .Register(r)
                         .Add({})),
+      requested_tokens(
+          prometheus::BuildCounter()
+              .Name("pdserve_requested_max_tokens_total")
+              .Help("max_tokens of admitted requests: the most tokens they may generate")
+              .Register(r)
+              .Add({})),
       generation_tokens(prometheus::BuildCounter()
                             .Name("pdserve_generation_tokens_total")
                             .Help("Tokens streamed to clients")

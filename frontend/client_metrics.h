@@ -38,6 +38,11 @@ struct ClientMetrics {
   prometheus::Histogram& queue_time;
   prometheus::Family<prometheus::Counter>& requests;  // label finish_reason
   prometheus::Counter& prompt_tokens;
+  // max_tokens of admitted requests: the most each may generate. Against
+  // generation_tokens it gives the share of it requests use, and with that
+  // the decode demand of what was just admitted (the planner's lead on a
+  // shift towards longer answers).
+  prometheus::Counter& requested_tokens;
   prometheus::Counter& generation_tokens;
   prometheus::Gauge& in_flight;
   prometheus::Family<prometheus::Counter>& rejected;  // label reason

@@ -386,6 +386,7 @@ absl::StatusOr<std::unique_ptr<RequestSession>> SessionManager::Start(const Requ
     return Refuse(generation.status(), reason);
   }
   metrics_->prompt_tokens.Increment(static_cast<double>(validated->prompt.size()));
+  metrics_->requested_tokens.Increment(static_cast<double>(validated->sampling.max_tokens));
   return std::unique_ptr<RequestSession>(
       new RequestSession(this, *std::move(validated), call, started, *std::move(generation)));
 }

@@ -20,6 +20,7 @@ inline constexpr char kTpotMetric[] = "pdserve_time_per_output_token_seconds";
 inline constexpr char kRequestsMetric[] = "pdserve_requests_total";
 inline constexpr char kPromptTokensMetric[] = "pdserve_prompt_tokens_total";
 inline constexpr char kGenerationTokensMetric[] = "pdserve_generation_tokens_total";
+inline constexpr char kRequestedTokensMetric[] = "pdserve_requested_max_tokens_total";
 inline constexpr char kPoolWorkersMetric[] = "pdserve_pool_workers";
 inline constexpr char kQueuedTokensMetric[] = "pdserve_prefill_queued_tokens";
 inline constexpr char kPrefillBatchTokensMetric[] = "pdserve_prefill_batch_tokens";

@@ -62,6 +62,12 @@ struct Observation {
   std::optional<double> recent_request_rate;
   std::optional<double> recent_prompt_tokens_per_s;
   std::optional<double> recent_output_tokens_per_s;
+  // Router: max_tokens of admitted requests per second, over the window and
+  // over the shorter one (the most decode may be asked for). Absent where
+  // the router does not export it: the decode pool's demand is then the
+  // tokens it streams alone.
+  std::optional<double> requested_tokens_per_s;
+  std::optional<double> recent_requested_tokens_per_s;
   // Pools, now: prompt tokens waiting for a prefill batch (summed over the
   // pool), decode sequences held (running + waiting for KV, summed), and the
   // decode pool's mean KV-cache usage ratio.

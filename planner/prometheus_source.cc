@@ -88,9 +88,11 @@ PrometheusQueries MakeQueries(const PrometheusSourceOptions& o) {
                                        kWaitingKvSequencesMetric, decode, ")"),
       .kv_usage = absl::StrCat("avg(", kKvUsageMetric, decode, ")"),
       .pool_workers = absl::StrCat("sum by (pool) (", kPoolWorkersMetric, router, ")"),
+      .requested_tokens = rate(kRequestedTokensMetric),
       .recent_request_rate = recent(kRequestsMetric),
       .recent_prompt_tokens = recent(kPromptTokensMetric),
       .recent_output_tokens = recent(kGenerationTokensMetric),
+      .recent_requested_tokens = recent(kRequestedTokensMetric),
   };
 }
 
@@ -140,7 +142,9 @@ Observation PrometheusSource::Read(absl::Time now) {
     o.recent_request_rate = scalar(queries_.recent_request_rate);
     o.recent_prompt_tokens_per_s = scalar(queries_.recent_prompt_tokens);
     o.recent_output_tokens_per_s = scalar(queries_.recent_output_tokens);
+    o.recent_requested_tokens_per_s = scalar(queries_.recent_requested_tokens);
   }
+  o.requested_tokens_per_s = scalar(queries_.requested_tokens);
   o.prefill_queued_tokens = scalar(queries_.queued_tokens);
   o.prefill_tokens_per_busy_s = scalar(queries_.prefill_busy_rate);
   o.decode_sequences = scalar(queries_.decode_sequences);

@@ -32,9 +32,10 @@ struct PrometheusSourceOptions {
 // The PromQL the source sends, by field (tests and docs show them).
 struct PrometheusQueries {
   std::string ttft, ttft_count, itl, itl_count, request_rate, prompt_tokens, output_tokens,
-      queued_tokens, prefill_busy_rate, decode_sequences, kv_usage, pool_workers;
+      queued_tokens, prefill_busy_rate, decode_sequences, kv_usage, pool_workers, requested_tokens;
   // Over rate_window; empty when it is zero.
-  std::string recent_request_rate, recent_prompt_tokens, recent_output_tokens;
+  std::string recent_request_rate, recent_prompt_tokens, recent_output_tokens,
+      recent_requested_tokens;
 };
 PrometheusQueries MakeQueries(const PrometheusSourceOptions& options);
 

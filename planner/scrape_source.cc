@@ -295,6 +295,27 @@ Observation ScrapeSource::Read(absl::Time now) {
         o.recent_output_tokens_per_s = recent_generated;
       }
     }
+    // max_tokens requested: optional (a router without it leaves it absent).
+    auto requested = [&](absl::Duration window) -> std::optional<double> {
+      double sum = 0;
+      for (const auto* h : routers) {
+        const Scrape* base = Baseline(*h, now, window);
+        const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
+        bool found = false;
+        const double after = SumOf(h->back().samples, kRequestedTokensMetric, {}, &found);
+        if (dt <= 0 || !found) return std::nullopt;
+        const double before = SumOf(base->samples, kRequestedTokensMetric);
+        sum += (after >= before ? after - before : after) / dt;
+      }
+      return sum;
+    };
+    if (have_window) {
+      o.requested_tokens_per_s = requested(options_.window);
+      if (options_.rate_window > absl::ZeroDuration() && o.recent_request_rate.has_value()) {
+        o.recent_requested_tokens_per_s =
+            requested(std::min(options_.rate_window, options_.window));
+      }
+    }
     if (have_window) {
       o.ttft_s = HistogramQuantile(options_.quantile, ttft);
       o.ttft_count = ttft.empty() ? 0 : ttft.rbegin()->second;

@@ -416,6 +416,8 @@ TEST_F(ClusterTest, EveryCallIsCountedOnceByHowItEnded) {
 
 TEST_F(ClusterTest, MetricsCountTtftAndItl) {
   auto stub = cluster_->NewClient();
+  auto before = HttpGet(cluster_->router_metrics_port(), "/metrics");
+  ASSERT_TRUE(before.ok()) << before.status();
   v1::GenerateRequest request = TokenRequest({256, 1, 2, 3}, 8);
   request.mutable_sampling()->set_ignore_eos(true);
   ASSERT_TRUE(RunGenerate(*stub, request).status.ok());
@@ -428,6 +430,10 @@ TEST_F(ClusterTest, MetricsCountTtftAndItl) {
   EXPECT_GT(MetricValue(*text, "pdserve_requests_total"), 0);
   EXPECT_GT(MetricValue(*text, "pdserve_generation_tokens_total"), 0);
   EXPECT_GT(MetricValue(*text, "pdserve_prompt_tokens_total"), 0);
+  // Its max_tokens, counted once at admission.
+  EXPECT_EQ(MetricValue(*text, "pdserve_requested_max_tokens_total") -
+                MetricValue(*before, "pdserve_requested_max_tokens_total"),
+            8);
   EXPECT_NE(text->find("pdserve_requests_in_flight"), std::string::npos);
   EXPECT_GT(WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_transfer_bytes_total"), 0);
   EXPECT_GT(WorkerMetric(*cluster_->prefill()[0], "pdserve_kv_transfer_seconds_count"), 0);

@@ -172,6 +172,11 @@ TEST(ScrapeSourceTest, TheDemandNowOverTheShorterRateWindow) {
   EXPECT_DOUBLE_EQ(*o.recent_request_rate, 5);
   EXPECT_DOUBLE_EQ(*o.recent_output_tokens_per_s, 50);
 
+  // A router that does not export max_tokens requested leaves it absent,
+  // and the rest of the window as it was.
+  EXPECT_FALSE(o.requested_tokens_per_s.has_value());
+  EXPECT_FALSE(o.recent_requested_tokens_per_s.has_value());
+
   // Without a rate window the recent rates are absent.
   ScrapeSource plain({.window = absl::Seconds(10)}, StaticTargets({.router = {"127.0.0.1:1"}}),
                      [&](const std::string&) -> absl::StatusOr<std::string> {
@@ -180,6 +185,27 @@ TEST(ScrapeSourceTest, TheDemandNowOverTheShorterRateWindow) {
   plain.Read(kT0);
   prompt += 100;
   EXPECT_FALSE(plain.Read(kT0 + absl::Seconds(2)).recent_prompt_tokens_per_s.has_value());
+}
+
+TEST(ScrapeSourceTest, MaxTokensRequestedOverBothWindows) {
+  // 40 requested tokens/s for 6 s, then 200/s.
+  double requested = 0, generated = 0;
+  ScrapeSource source({.window = absl::Seconds(10), .rate_window = absl::Seconds(4)},
+                      StaticTargets({.router = {"127.0.0.1:1"}}),
+                      [&](const std::string&) -> absl::StatusOr<std::string> {
+                        return absl::StrCat(Router(1, 1, 0, 10, 100, generated, 1, 1),
+                                            "pdserve_requested_max_tokens_total ", requested, "\n");
+                      });
+  EXPECT_FALSE(source.Read(kT0).requested_tokens_per_s.has_value()) << "one scrape is no window";
+  Observation o;
+  for (int s = 2; s <= 10; s += 2) {
+    requested += 2 * (s <= 6 ? 40 : 200);
+    generated += 2 * 30;
+    o = source.Read(kT0 + absl::Seconds(s));
+  }
+  EXPECT_DOUBLE_EQ(*o.requested_tokens_per_s, (240 + 800) / 10.0);
+  EXPECT_DOUBLE_EQ(*o.recent_requested_tokens_per_s, 200);
+  EXPECT_DOUBLE_EQ(*o.output_tokens_per_s, 30);
 }
 
 TEST(PrometheusSourceTest, QueriesAndAnswers) {
@@ -216,6 +242,7 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
       {q.prefill_busy_rate, one("480")},
       {q.decode_sequences, one("3")},
       {q.kv_usage, one("0.2")},
+      {q.requested_tokens, one("900")},
       {q.pool_workers, vector(R"({"metric":{"pool":"prefill"},"value":[1,"2"]},)"
                               R"({"metric":{"pool":"decode"},"value":[1,"1"]})")},
   };
@@ -233,6 +260,10 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
   EXPECT_DOUBLE_EQ(*o.prefill_tokens_per_busy_s, 480);
   EXPECT_EQ(o.ready_workers.prefill, 2);
   EXPECT_EQ(o.ready_workers.decode, 1);
+  EXPECT_DOUBLE_EQ(*o.requested_tokens_per_s, 900);
+  EXPECT_EQ(q.requested_tokens,
+            "sum(rate(pdserve_requested_max_tokens_total{job=\"router\",namespace=\"pdserve\"}"
+            "[60s]))");
 
   answers[q.request_rate] = R"({"status":"error","error":"bad query"})";
   EXPECT_FALSE(source.Read(kT0).request_rate.has_value());
@@ -244,6 +275,9 @@ TEST(PrometheusSourceTest, QueriesAndAnswers) {
   EXPECT_EQ(r.recent_prompt_tokens,
             "sum(rate(pdserve_prompt_tokens_total{job=\"router\",namespace=\"pdserve\"}[15s]))");
   EXPECT_TRUE(q.recent_prompt_tokens.empty());
+  EXPECT_EQ(r.recent_requested_tokens,
+            "sum(rate(pdserve_requested_max_tokens_total{job=\"router\",namespace=\"pdserve\"}"
+            "[15s]))");
 }
 
 }  // namespace

@@ -187,6 +187,33 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
                                : 0.0;
     window_load = *served + backlog;
     load = (recent.has_value() && std::isfinite(*recent) ? *recent : *served) + backlog;
+    // Decode: what was just admitted asks for its share of max_tokens.
+    // The tokens streamed now lag a shift to longer answers by about an
+    // answer's length (sequences accumulate before their tokens do, and
+    // a saturated pool streams no more than it can); the max_tokens of the
+    // requests admitted now do not. The share their answers use is learnt
+    // from the window's streamed and requested tokens.
+    if (!prefill && o.requested_tokens_per_s.has_value() && *o.requested_tokens_per_s > 0 &&
+        std::isfinite(*o.requested_tokens_per_s)) {
+      const double decay = std::exp(-(st.last_share_time.has_value()
+                                          ? absl::ToDoubleSeconds(now - *st.last_share_time)
+                                          : 0.0) /
+                                    std::max(1e-3, absl::ToDoubleSeconds(options_.model.memory)));
+      st.streamed_sum = st.streamed_sum * decay + *served;
+      st.requested_sum = st.requested_sum * decay + *o.requested_tokens_per_s;
+      st.last_share_time = now;
+    }
+    if (!prefill && st.requested_sum > 0) {
+      const std::optional<double>& admitted = o.recent_requested_tokens_per_s.has_value()
+                                                  ? o.recent_requested_tokens_per_s
+                                                  : o.requested_tokens_per_s;
+      const double share = std::clamp(st.streamed_sum / st.requested_sum, 0.0, 1.0);
+      if (admitted.has_value() && std::isfinite(*admitted) && share * *admitted > *load) {
+        load = share * *admitted;
+        absl::StrAppendFormat(&d.detail, "admitted: %.4g max_tokens/s x %.2g used; ", *admitted,
+                              share);
+      }
+    }
   }
   const bool kv_absent = !prefill && !o.decode_kv_usage.has_value();
   if (!latency.has_value() || !count.has_value() || !load.has_value() || !ready.has_value() ||

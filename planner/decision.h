@@ -11,19 +11,22 @@
 //      it should have is serving, the point (throughput per worker over
 //      the latency window, latency) joins its LatencyModel; the demand now
 //      (the recent rates, Observation::recent_*) joins its LoadForecast.
-//   3. Size. Load = max(demand now, forecast at `forecast_horizon`); the
+//   3. Size. Load = max(demand now, forecast at `forecast_horizon`); for the
+//      decode pool the demand now is at least the max_tokens admitted now
+//      (Observation::recent_requested_tokens_per_s) times the share of them
+//      answers have used (streamed / requested tokens, learnt with the model's
+//      memory): it leads the streamed tokens at a shift to longer answers. The
 //      size is the least n whose predicted latency at load / n is within
-//      scale_up_target x SLO. For the prefill pool its workers' measured
-//      speed while computing also sizes it up (a queue per worker: TTFT
-//      exponential with mean prompt compute time / (1 - utilisation), so
-//      its quantile q is -ln(1 - q) times that): alone until there is a
-//      curve, then beside it, calibrated by the TTFT measured at the
-//      window's load (a factor <= 1): the curve cannot see workers slowed
-//      since its points were taken. Uncalibrated, it vetoes a scale-down
-//      the curve allows (a curve fitted at one load only). An observed
-//      breach the model does not explain adds one worker anyway, and so
-//      does a decode KV cache above kv_usage_high (it refuses requests
-//      before it slows them).
+//      scale_up_target x SLO. For the prefill pool its workers' measured speed
+//      while computing also sizes it up (a queue per worker: TTFT exponential
+//      with mean prompt compute time / (1 - utilisation), so its quantile q is
+//      -ln(1 - q) times that): alone until there is a curve, then beside it,
+//      calibrated by the TTFT measured at the window's load (a factor <= 1): the
+//      curve cannot see workers slowed since its points were taken. Uncalibrated,
+//      it vetoes a scale-down the curve allows (a curve fitted at one load only).
+//      An observed breach the model does not explain adds one worker anyway, and
+//      so does a decode KV cache above kv_usage_high (it refuses requests before
+//      it slows them).
 //   4. Hysteresis. Scaling down needs the predicted latency after removing
 //      a worker within scale_down_target x SLO (below scale_up_target: a
 //      dead band), the observed latency there too, and a load per worker
@@ -41,10 +44,12 @@
 //   6. Limits. [min, max] per pool; with `max_total_workers`, the budget
 //      goes to the pool under the most pressure (Pressure: predicted
 //      latency / SLO; on a tie the pool that has the worker keeps it).
-//      Taking a worker from a pool that would keep it and stays within its
-//      SLO with one fewer is the other pool's scale-up: no stabilization
-//      window (only the extra wait an undone scale-down earned), once the
-//      receiver may grow (a shift in the mix moves the worker early).
+//      Taking a worker from a pool that stays within its SLO with one fewer,
+//      for the other pool that wants to grow and is held by the budget, is
+//      that pool's scale-up: no stabilization window (only the extra wait
+//      an undone scale-down earned), once the receiver may grow (a shift in
+//      the mix moves the worker early), whether the donor would have kept
+//      the worker or given it up anyway.
 //      Moving back a worker that the donor got by such a move itself waits
 //      the stabilization window as a scale-down does: a lull of a few
 //      seconds in the demand of the pool that just received a worker is no
@@ -163,6 +168,12 @@ class Planner {
     // The pool's last change was a worker moved in from the other pool
     // under the budget: moving it back waits the stabilization window.
     bool moved_in = false;
+    // Decode: the tokens streamed and the max_tokens requested over the
+    // latency window, summed over intervals with exponential memory
+    // (model.memory): the share of max_tokens answers use.
+    double streamed_sum = 0;
+    double requested_sum = 0;
+    std::optional<absl::Time> last_share_time;
   };
   // Steps 1-4 for one pool: the wanted size before budget and cool-downs.
   PoolDecision Want(Pool pool, const Observation& o, int current);

@@ -367,16 +367,23 @@ struct ShiftPhase {
   // Each interval's arrivals are off their mean by up to this fraction
   // (a fixed pseudo-random series): the recent window sees it most.
   double noise = 0;
+  // > 0: the router reports max_tokens requested, this many times the
+  // output tokens the phase's requests will generate.
+  double max_tokens_factor = 0;
 };
 struct ShiftTrace {
   std::vector<PerPool<int>> sizes;
   std::vector<Decision> decisions;
   std::vector<double> ttft, itl;  // the window's, as observed at each interval
 };
+// `stream_lag`: the share of the gap between the tokens streamed and the
+// phase's output demand that remains after an interval (0: none; answers
+// that last a few seconds make the streamed tokens follow a shift late).
 ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
-                         const std::vector<ShiftPhase>& phases, bool with_recent) {
+                         const std::vector<ShiftPhase>& phases, bool with_recent,
+                         double stream_lag = 0) {
   struct Tick {
-    double prompt, requests, output, ttft, itl;
+    double prompt, requests, output, requested, ttft, itl;
   };
   Planner planner(options);
   PerPool<int> sizes = start;
@@ -384,6 +391,7 @@ ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
   std::vector<Tick> ticks;
   const absl::Time t0 = absl::FromUnixSeconds(1700000000);
   int i = 0;
+  double streamed = -1;  // the tokens streamed, following the demand
   uint32_t seed = 12345;
   auto jitter = [&seed](double fraction) {  // in [1 - fraction, 1 + fraction]
     seed = seed * 1664525u + 1013904223u;
@@ -393,10 +401,12 @@ ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
     for (int k = 0; k < phase.intervals; ++k, ++i) {
       const double prompt = phase.prompt_tokens_per_s * jitter(phase.noise);
       const double output = phase.output_tokens_per_s * jitter(phase.noise);
+      streamed = streamed < 0 ? output : output + stream_lag * (streamed - output);
       const double ttft = TrueLatency(0.15, phase.prefill_speed, prompt, sizes.prefill);
-      const double itl = TrueLatency(0.012, 600, output, sizes.decode);
+      const double itl = TrueLatency(0.012, 600, streamed, sizes.decode);
       ticks.push_back({prompt, prompt / phase.mean_prompt,
-                       std::min(output, 0.98 * 600 * sizes.decode), ttft, itl});
+                       std::min(streamed, 0.98 * 600 * sizes.decode),
+                       output * phase.max_tokens_factor, ttft, itl});
       auto mean = [&](int n, double Tick::*field) {
         const int m = std::min<int>(n, static_cast<int>(ticks.size()));
         double sum = 0;
@@ -416,6 +426,10 @@ ShiftTrace SimulateShift(PlannerOptions options, PerPool<int> start,
         o.recent_request_rate = mean(3, &Tick::requests);
         o.recent_prompt_tokens_per_s = mean(3, &Tick::prompt);
         o.recent_output_tokens_per_s = mean(3, &Tick::output);
+      }
+      if (phase.max_tokens_factor > 0) {
+        o.requested_tokens_per_s = mean(10, &Tick::requested);
+        if (with_recent) o.recent_requested_tokens_per_s = mean(3, &Tick::requested);
       }
       o.prefill_queued_tokens = 0;
       o.prefill_tokens_per_busy_s = phase.prefill_speed;
@@ -602,6 +616,58 @@ TEST(PlannerDecisionTest, APoolWithSpareCapacityGivesItsWorkerAtOnceToThePoolHel
     EXPECT_EQ(t.sizes.back().decode, 2) << "slope " << slope;
   }
   EXPECT_TRUE(saw_spare_donor) << "no case had a donor that would have shrunk by itself";
+}
+
+TEST(PlannerDecisionTest, MaxTokensAdmittedMoveTheWorkerBeforeTheStreamedTokensShowTheShift) {
+  // Prefill-heavy at 2P+1D, then decode-heavy (420 generated tokens/s: two
+  // decode workers). Answers take several seconds, so the tokens streamed
+  // follow the shift late (70% of the gap left after each 2 s). The router's
+  // max_tokens of admitted requests show it at once: requests here ask for
+  // twice what they generate, a share of 0.5 the planner learns in the
+  // first phase.
+  auto moved_at = [](bool with_max_tokens) {
+    const double factor = with_max_tokens ? 2 : 0;
+    const std::vector<ShiftPhase> phases = {{30, 500, 256, 100, 700, 0.4, factor},
+                                            {30, 128, 32, 420, 700, 0, factor}};
+    ShiftTrace t = SimulateShift(ShiftOptions(), {2, 1}, phases, /*with_recent=*/true,
+                                 /*stream_lag=*/0.7);
+    int moved = -1;
+    for (int i = 30; i < 60 && moved < 0; ++i) {
+      if (t.sizes[i].decode == 2) moved = i;
+    }
+    EXPECT_EQ(t.sizes[29].prefill, 2);
+    EXPECT_EQ(t.sizes.back().prefill, 1);
+    EXPECT_EQ(t.sizes.back().decode, 2);
+    for (Pool pool : kPools) {
+      int changes = 0;
+      for (size_t i = 1; i < t.sizes.size(); ++i)
+        changes += t.sizes[i][pool] != t.sizes[i - 1][pool];
+      EXPECT_EQ(changes, 1) << PoolName(pool) << (with_max_tokens ? " with" : " without")
+                            << " max_tokens";
+    }
+    if (with_max_tokens && moved >= 0) {
+      EXPECT_NE(t.decisions[moved - 1].pools.decode.detail.find("admitted:"), std::string::npos)
+          << t.decisions[moved - 1].pools.decode.detail;
+    }
+    return moved;
+  };
+  const int with = moved_at(true), without = moved_at(false);
+  ASSERT_GE(with, 30);
+  ASSERT_GE(without, 30);
+  EXPECT_LT(with, without);
+}
+
+TEST(PlannerDecisionTest, MaxTokensFarAboveWhatAnswersUseAddNoWorker) {
+  // Steady mixed load that one decode worker serves (205 generated
+  // tokens/s), with requests asking for 8 times what they generate: the
+  // learnt share keeps the admitted max_tokens from reading as 1640
+  // tokens/s of demand. The worker stays with prefill.
+  const std::vector<ShiftPhase> phases = {{60, 614, 192, 205, 700, 0.2, 8}};
+  ShiftTrace t = SimulateShift(ShiftOptions(), {2, 1}, phases, /*with_recent=*/true);
+  for (size_t i = 0; i < t.sizes.size(); ++i) {
+    EXPECT_EQ(t.sizes[i].prefill, 2) << i << ": " << t.decisions[i].pools.decode.detail;
+    EXPECT_EQ(t.sizes[i].decode, 1) << i;
+  }
 }
 
 TEST(PlannerDecisionTest, ABudgetMoveNeedsTheDonorToNeedItLess) {

@@ -270,53 +270,37 @@ Observation ScrapeSource::Read(absl::Time now) {
         *rate += (after >= before ? after - before : after) / dt;
       }
     }
-    // The same rates over the shorter window: the demand now.
-    if (have_window && options_.rate_window > absl::ZeroDuration()) {
-      double recent_requests = 0, recent_prompt = 0, recent_generated = 0;
-      bool have_recent = true;
-      for (const auto* h : routers) {
-        const Scrape* base = Baseline(*h, now, std::min(options_.rate_window, options_.window));
-        const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
-        if (dt <= 0) {
-          have_recent = false;
-          break;
-        }
-        for (auto [metric, rate] : {std::pair{kRequestsMetric, &recent_requests},
-                                    std::pair{kPromptTokensMetric, &recent_prompt},
-                                    std::pair{kGenerationTokensMetric, &recent_generated}}) {
-          const double after = SumOf(h->back().samples, metric);
-          const double before = SumOf(base->samples, metric);
-          *rate += (after >= before ? after - before : after) / dt;
-        }
-      }
-      if (have_recent) {
-        o.recent_request_rate = recent_requests;
-        o.recent_prompt_tokens_per_s = recent_prompt;
-        o.recent_output_tokens_per_s = recent_generated;
-      }
-    }
-    // max_tokens requested: optional (a router without it leaves it absent).
-    auto requested = [&](absl::Duration window) -> std::optional<double> {
+    // A router counter's rate over `window`, summed over the routers;
+    // none when a router lacks it or has no scrape that old.
+    auto counter_rate = [&](const char* metric, absl::Duration window) -> std::optional<double> {
       double sum = 0;
       for (const auto* h : routers) {
         const Scrape* base = Baseline(*h, now, window);
         const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
         bool found = false;
-        const double after = SumOf(h->back().samples, kRequestedTokensMetric, {}, &found);
+        const double after = SumOf(h->back().samples, metric, {}, &found);
         if (dt <= 0 || !found) return std::nullopt;
-        const double before = SumOf(base->samples, kRequestedTokensMetric);
-        sum += (after >= before ? after - before : after) / dt;
+        const double before = SumOf(base->samples, metric);
+        sum += (after >= before ? after - before : after) / dt;  // a restart counts from 0
       }
       return sum;
     };
-    if (have_window) {
-      o.requested_tokens_per_s = requested(options_.window);
-      if (options_.rate_window > absl::ZeroDuration() && o.recent_request_rate.has_value()) {
-        o.recent_requested_tokens_per_s =
-            requested(std::min(options_.rate_window, options_.window));
+    const absl::Duration recent = std::min(options_.rate_window, options_.window);
+    if (have_window && options_.rate_window > absl::ZeroDuration()) {
+      // The same rates over the shorter window: the demand now.
+      std::optional<double> requests = counter_rate(kRequestsMetric, recent);
+      std::optional<double> prompt = counter_rate(kPromptTokensMetric, recent);
+      std::optional<double> generated = counter_rate(kGenerationTokensMetric, recent);
+      if (requests.has_value() && prompt.has_value() && generated.has_value()) {
+        o.recent_request_rate = requests;
+        o.recent_prompt_tokens_per_s = prompt;
+        o.recent_output_tokens_per_s = generated;
+        // max_tokens requested: optional (a router without it leaves it absent).
+        o.recent_requested_tokens_per_s = counter_rate(kRequestedTokensMetric, recent);
       }
     }
     if (have_window) {
+      o.requested_tokens_per_s = counter_rate(kRequestedTokensMetric, options_.window);
       o.ttft_s = HistogramQuantile(options_.quantile, ttft);
       o.ttft_count = ttft.empty() ? 0 : ttft.rbegin()->second;
       o.itl_s = HistogramQuantile(options_.quantile, itl);

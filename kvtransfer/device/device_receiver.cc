@@ -17,11 +17,15 @@ using internal::v1::KvPairRequest;
 using internal::v1::KvPairResponse;
 using PairStream = grpc::ServerReaderWriter<KvPairResponse, KvPairRequest>;
 
-// One prefill worker's stream. Fields below `context` are guarded by the
+// One prefill worker's stream. Fields below `sender` are guarded by the
 // receiver's mu_; the handler thread sets the others up before the pair is
 // shared.
 struct ReceiverPair {
-  grpc::ServerContext* context = nullptr;
+  // The stream's context lives only while the handler runs: the handler
+  // clears it under context_mu before it returns, so a FailPair from another
+  // thread (the receiver's destructor, the watchdog) never cancels a freed call.
+  absl::Mutex context_mu;
+  grpc::ServerContext* context ABSL_GUARDED_BY(context_mu) = nullptr;
   std::string sender;
   std::unique_ptr<OpQueue> ops;  // taken out (under mu_) when the handler ends
   std::unique_ptr<OrderedWriter<KvPairResponse>> writer;
@@ -228,7 +232,10 @@ void DeviceKvReceiver::FailPair(const std::shared_ptr<ReceiverPair>& pair,
     PDSERVE_LOG(WARNING) << "kv pair with " << pair->sender << " failed: " << why;
   }
   if (comm != nullptr) ncclCommAbort(comm);  // pending receives complete without data
-  if (pair->context != nullptr) pair->context->TryCancel();
+  {
+    absl::MutexLock l(&pair->context_mu);
+    if (pair->context != nullptr) pair->context->TryCancel();
+  }
   for (const auto& t : mine) MaybeComplete(t);
 }
 
@@ -239,7 +246,10 @@ grpc::Status DeviceKvReceiver::Pair(grpc::ServerContext* context, PairStream* st
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a kv pair starts with Hello");
   }
   auto pair = std::make_shared<ReceiverPair>();
-  pair->context = context;
+  {
+    absl::MutexLock l(&pair->context_mu);
+    pair->context = context;
+  }
   pair->sender = first.hello().sender();
   pair->writer = std::make_unique<OrderedWriter<KvPairResponse>>(
       [stream](const KvPairResponse& m) { return stream->Write(m); });
@@ -262,6 +272,10 @@ grpc::Status DeviceKvReceiver::Pair(grpc::ServerContext* context, PairStream* st
   }
   pair->writer.reset();
   if (pair->staging != nullptr) staging_.Give(pair->staging, pair->staging_bytes);
+  {
+    absl::MutexLock l(&pair->context_mu);
+    pair->context = nullptr;  // gRPC frees the call once this handler returns
+  }
   return status;
 }
 

@@ -208,6 +208,7 @@ PoolDecision Planner::Want(Pool pool, const Observation& o, int current) {
                                                   ? o.recent_requested_tokens_per_s
                                                   : o.requested_tokens_per_s;
       const double share = std::clamp(st.streamed_sum / st.requested_sum, 0.0, 1.0);
+      d.answer_share = share;
       if (admitted.has_value() && std::isfinite(*admitted) && share * *admitted > *load) {
         load = share * *admitted;
         absl::StrAppendFormat(&d.detail, "admitted: %.4g max_tokens/s x %.2g used; ", *admitted,

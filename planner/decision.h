@@ -56,6 +56,7 @@
 //      reason to trade it back.
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -128,6 +129,9 @@ struct PoolDecision {
   double window_load = 0;          // tokens/s over the latency window (NaN: absent)
   double predicted_latency_s = 0;  // at `desired` and the forecast load (NaN: no model)
   double capacity_per_worker = 0;  // tokens/s per worker at scale_up_target x SLO
+  // Decode: the share of admitted max_tokens that answers use, as learnt
+  // (NaN: prefill, or no max_tokens counted yet).
+  double answer_share = std::numeric_limits<double>::quiet_NaN();
   std::string detail;              // one line of the numbers behind it
 };
 

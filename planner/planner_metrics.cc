@@ -63,8 +63,11 @@ PlannerMetrics::PlannerMetrics(prometheus::Registry& r)
                   .Add({})),
       input(Gauge(r, "pdserve_planner_input",
                   "The workload as read over the window, by name: request_rate (requests/s), "
-                  "mean_prompt_tokens, mean_output_tokens, queued_prompt_tokens, "
-                  "decode_sequences, decode_kv_usage (NaN: absent)")) {
+                  "mean_prompt_tokens, mean_output_tokens, mean_requested_tokens (max_tokens "
+                  "admitted per request), decode_answer_share (the share of max_tokens "
+                  "answers use, as learnt), queued_prompt_tokens, "
+                  "prefill_tokens_per_busy_second, decode_sequences, decode_kv_usage "
+                  "(NaN: absent)")) {
   for (Pool pool : kPools) {
     for (int i = 0; i < kNumReasons; ++i) {
       decision.Add({{"pool", std::string(PoolName(pool))},
@@ -92,6 +95,8 @@ void PlannerMetrics::Record(const Decision& d, const Observation& o,
        {std::pair{"request_rate", value(o.request_rate)},
         std::pair{"mean_prompt_tokens", per_request(o.prompt_tokens_per_s)},
         std::pair{"mean_output_tokens", per_request(o.output_tokens_per_s)},
+        std::pair{"mean_requested_tokens", per_request(o.requested_tokens_per_s)},
+        std::pair{"decode_answer_share", d.pools[Pool::kDecode].answer_share},
         std::pair{"queued_prompt_tokens", value(o.prefill_queued_tokens)},
         std::pair{"prefill_tokens_per_busy_second", value(o.prefill_tokens_per_busy_s)},
         std::pair{"decode_sequences", value(o.decode_sequences)},

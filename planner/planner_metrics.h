@@ -37,9 +37,11 @@ struct PlannerMetrics {
   prometheus::Family<prometheus::Counter>& actuation_failures;
   prometheus::Family<prometheus::Counter>& intervals;
   prometheus::Gauge& dry_run;
-  // The workload as read (NaN when absent): requests/s, mean prompt and
-  // output tokens per request, queued prompt tokens, decode sequences held
-  // and the decode pool's mean KV usage.
+  // The workload as read (NaN when absent): requests/s, mean prompt,
+  // output and requested (max_tokens) tokens per request, the share of
+  // max_tokens answers use (as the decision learnt it), queued prompt
+  // tokens, prefill speed while busy, decode sequences held and the decode
+  // pool's mean KV usage.
   prometheus::Family<prometheus::Gauge>& input;
 };
 

@@ -69,6 +69,18 @@ metrics=$(field "$work/planner1.ready" metrics_port)
 page=$(curl -sf "http://127.0.0.1:$metrics/metrics") || fail "planner metrics unreadable"
 grep -q '^pdserve_planner_desired_replicas{pool="decode"} 2' <<< "$page" ||
   fail "desired_replicas of decode is not 2"
+# The router counts the max_tokens it admits (48 each here); the planner
+# reads them and learns the share answers use (all 48 tokens: about 1).
+python3 - "$page" <<'PY' || fail "the planner's max_tokens inputs are not on its page"
+import math, re, sys
+page = sys.argv[1]
+def value(name):
+    m = re.search(r'^pdserve_planner_input\{name="%s"\} (\S+)$' % name, page, re.M)
+    return float(m.group(1)) if m else math.nan
+requested, share = value("mean_requested_tokens"), value("decode_answer_share")
+print(f"mean_requested_tokens={requested} decode_answer_share={share}")
+sys.exit(0 if requested > 0 and 0 < share <= 1 else 1)
+PY
 sleep 3  # at its maximum now: nothing more may happen
 [ "$(pools)" = "prefill=1 decode=2" ] || fail "pools moved past the maximum: $(pools)"
 stop_pid "$planner_pid"; planner_pid=""

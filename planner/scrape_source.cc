@@ -227,9 +227,23 @@ Observation ScrapeSource::Read(absl::Time now) {
       }
       if (found) o.ready_workers[pool] = static_cast<int>(std::lround(n));
     }
+    // A router counter's rate over `window`, summed over the routers;
+    // none when a router lacks it or has no scrape that old.
+    auto counter_rate = [&](const char* metric, absl::Duration window) -> std::optional<double> {
+      double sum = 0;
+      for (const auto* h : routers) {
+        const Scrape* base = Baseline(*h, now, window);
+        const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
+        bool found = false;
+        const double after = SumOf(h->back().samples, metric, {}, &found);
+        if (dt <= 0 || !found) return std::nullopt;
+        const double before = SumOf(base->samples, metric);
+        sum += (after >= before ? after - before : after) / dt;  // a restart counts from 0
+      }
+      return sum;
+    };
     bool have_window = true;
     HistogramBuckets ttft, itl;
-    double requests = 0, prompt = 0, generated = 0;
     for (const auto* h : routers) {
       const Scrape* base = Baseline(*h, now);
       if (base == nullptr) {
@@ -257,44 +271,25 @@ Observation ScrapeSource::Read(absl::Time now) {
                 : SubtractBuckets(after, before);
         for (const auto& [le, c] : delta) (*sum)[le] += c;
       }
-      for (auto [metric, rate] :
-           {std::pair{kRequestsMetric, &requests}, std::pair{kPromptTokensMetric, &prompt},
-            std::pair{kGenerationTokensMetric, &generated}}) {
-        bool found = false;
-        const double after = SumOf(cur.samples, metric, {}, &found);
-        const double before = SumOf(base->samples, metric);
-        if (!found) {
-          have_window = false;
-          continue;
-        }
-        *rate += (after >= before ? after - before : after) / dt;
-      }
     }
-    // A router counter's rate over `window`, summed over the routers;
-    // none when a router lacks it or has no scrape that old.
-    auto counter_rate = [&](const char* metric, absl::Duration window) -> std::optional<double> {
-      double sum = 0;
-      for (const auto* h : routers) {
-        const Scrape* base = Baseline(*h, now, window);
-        const double dt = base == nullptr ? 0 : absl::ToDoubleSeconds(h->back().time - base->time);
-        bool found = false;
-        const double after = SumOf(h->back().samples, metric, {}, &found);
-        if (dt <= 0 || !found) return std::nullopt;
-        const double before = SumOf(base->samples, metric);
-        sum += (after >= before ? after - before : after) / dt;  // a restart counts from 0
-      }
-      return sum;
-    };
+    // The window's rates: every router must have all three counters.
+    const std::optional<double> requests = counter_rate(kRequestsMetric, options_.window);
+    const std::optional<double> prompt = counter_rate(kPromptTokensMetric, options_.window);
+    const std::optional<double> generated = counter_rate(kGenerationTokensMetric, options_.window);
+    if (!requests.has_value() || !prompt.has_value() || !generated.has_value()) {
+      have_window = false;
+    }
     const absl::Duration recent = std::min(options_.rate_window, options_.window);
     if (have_window && options_.rate_window > absl::ZeroDuration()) {
       // The same rates over the shorter window: the demand now.
-      std::optional<double> requests = counter_rate(kRequestsMetric, recent);
-      std::optional<double> prompt = counter_rate(kPromptTokensMetric, recent);
-      std::optional<double> generated = counter_rate(kGenerationTokensMetric, recent);
-      if (requests.has_value() && prompt.has_value() && generated.has_value()) {
-        o.recent_request_rate = requests;
-        o.recent_prompt_tokens_per_s = prompt;
-        o.recent_output_tokens_per_s = generated;
+      std::optional<double> recent_requests = counter_rate(kRequestsMetric, recent);
+      std::optional<double> recent_prompt = counter_rate(kPromptTokensMetric, recent);
+      std::optional<double> recent_generated = counter_rate(kGenerationTokensMetric, recent);
+      if (recent_requests.has_value() && recent_prompt.has_value() &&
+          recent_generated.has_value()) {
+        o.recent_request_rate = recent_requests;
+        o.recent_prompt_tokens_per_s = recent_prompt;
+        o.recent_output_tokens_per_s = recent_generated;
         // max_tokens requested: optional (a router without it leaves it absent).
         o.recent_requested_tokens_per_s = counter_rate(kRequestedTokensMetric, recent);
       }

@@ -39,7 +39,17 @@ class FakeGeneration final : public Generation {
  public:
   FakeGeneration(std::deque<Step> script, GenerationLog* log)
       : log_(log), script_(std::move(script)) {}
-  ~FakeGeneration() override { log_->destroyed.fetch_add(1); }
+  // As the real generation's destructor waits for its calls' reactions, it
+  // waits here for a ready callback that Push is running: the session may
+  // go as soon as its generation is destroyed.
+  ~FakeGeneration() override {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](int* notifying) { return *notifying == 0; }, &notifying_));
+    }
+    log_->destroyed.fetch_add(1);
+  }
 
   // Thread mode: plays the next step, waiting up to `timeout` for one (a
   // generation that makes no progress) unless cancelled. Push mode: appends
@@ -103,8 +113,11 @@ class FakeGeneration final : public Generation {
       }
       if (!step.error.ok()) error_ = step.error;
       ready = ready_;
+      ++notifying_;
     }
     ready();
+    absl::MutexLock lock(&mu_);
+    --notifying_;
   }
   // Blocks until a Next is waiting (the session's thread is asleep in it).
   void AwaitWaiting() {
@@ -132,6 +145,7 @@ class FakeGeneration final : public Generation {
   std::deque<GenerationEvent> queued_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  int notifying_ ABSL_GUARDED_BY(mu_) = 0;  // ready callbacks Push is running
 };
 
 class FakeOrchestrator final : public Orchestrator {

@@ -45,6 +45,11 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
+// How long a call that came without a request message waits to learn that
+// it was cancelled before it is refused as invalid: gRPC tells the handler's
+// OnCancel soon after, unless the machine is very busy.
+constexpr absl::Duration kNoMessageCancelWait = absl::Seconds(2);
+
 }  // namespace
 
 // One Generate call. Its session runs on a thread of its own (Run), and in
@@ -127,6 +132,17 @@ class GrpcGenerationService::Call final : public grpc::ServerWriteReactor<v1::Ge
       buffer->Clear();
       return sessions.AbandonedBeforeStart(call_);
     }
+    // No message at all (an empty one is still a message): the call ended
+    // before it came (cancelled, its deadline, a broken connection), which
+    // gRPC may not have told this call yet, or the client closed its side
+    // without sending one. OnCancel tells the two apart.
+    if (!buffer->Valid()) {
+      if (absl::Now() >= call_.deadline || AwaitCancelled(kNoMessageCancelWait)) {
+        return sessions.AbandonedBeforeStart(call_);
+      }
+      return sessions.Refuse(absl::InvalidArgumentError("the call carried no request message"),
+                             "invalid_argument");
+    }
     const size_t length = buffer->Length();
     release.set_bytes(static_cast<int64_t>(length));
     if (length > static_cast<size_t>(kMaxGrpcMessageBytes)) {
@@ -207,6 +223,11 @@ class GrpcGenerationService::Call final : public grpc::ServerWriteReactor<v1::Ge
   bool Gone() {
     absl::MutexLock lock(&mu_);
     return cancelled_ || write_failed_;
+  }
+  // True once OnCancel came, waiting up to `timeout` for it.
+  bool AwaitCancelled(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&cancelled_), timeout);
   }
   bool WritesDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !writing_ && (queue_.empty() || write_failed_);

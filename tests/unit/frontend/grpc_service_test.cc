@@ -3,8 +3,13 @@
 // order and the last message comes with the status; a client that cancels,
 // or a deadline that passes, ends the session at once (gRPC's OnCancel, no
 // polling: the session's thread wakes once); and in push mode the tokens
-// are relayed without waking the session's thread at all.
+// are relayed without waking the session's thread at all. A call that
+// brings no request message is counted for how it ended: as the deadline
+// or cancellation that cut it short, or refused as invalid when the client
+// closed its side without one.
 #include "frontend/grpc_service.h"
+
+#include <grpcpp/generic/generic_stub.h>
 
 #include <memory>
 
@@ -35,8 +40,9 @@ class GrpcServiceTest : public ::testing::TestWithParam<bool> {
     auto server = StartGrpcServer("127.0.0.1", 0, {service_.get()});
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(server->server);
-    stub_ = v1::Generation::NewStub(grpc::CreateChannel(JoinHostPort("127.0.0.1", server->port),
-                                                        grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel(JoinHostPort("127.0.0.1", server->port),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Generation::NewStub(channel_);
   }
   ~GrpcServiceTest() override {
     server_->Shutdown();
@@ -70,6 +76,39 @@ class GrpcServiceTest : public ::testing::TestWithParam<bool> {
     return Requests(label) == 1;
   }
 
+  // A raw Generate call that sends no request message: with `half_close`
+  // the client closes its side at once; otherwise the call waits for its
+  // deadline. Returns the status the client got.
+  grpc::Status CallWithoutAMessage(bool half_close, absl::Duration deadline) {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    grpc::CompletionQueue cq;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        stub.PrepareCall(&context, "/pdserve.v1.Generation/Generate", &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    // One operation at a time, each awaited before the next.
+    auto await = [&] { EXPECT_TRUE(cq.Next(&tag, &ok)); };
+    call->StartCall(nullptr);
+    await();
+    if (half_close) {
+      call->WritesDone(nullptr);
+      await();
+    }
+    grpc::ByteBuffer response;
+    call->Read(&response, nullptr);
+    await();
+    EXPECT_FALSE(ok) << "a response message came";
+    grpc::Status status;
+    call->Finish(&status, nullptr);
+    await();
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return status;
+  }
+
   prometheus::Registry registry_;
   ClientMetrics metrics_;
   PromptSource source_;
@@ -77,6 +116,7 @@ class GrpcServiceTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<GrpcGenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Generation::Stub> stub_;
 };
 
@@ -138,6 +178,25 @@ TEST_P(GrpcServiceTest, DeadlineEndsASilentStreamAtOnce) {
   EXPECT_EQ(orchestrator_.log.cancelled.load(), 1);
   // One wait, ended by the deadline (or by gRPC's cancel at it): no polls.
   EXPECT_LE(orchestrator_.log.next_calls.load(), 2);
+}
+
+TEST_P(GrpcServiceTest, CallWhoseDeadlineCameBeforeItsMessageIsCountedAsDeadline) {
+  const grpc::Status status = CallWithoutAMessage(/*half_close=*/false, absl::Milliseconds(300));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_TRUE(AwaitCounted("deadline"));
+  EXPECT_EQ(Requests("rejected"), 0);
+  EXPECT_EQ(orchestrator_.log.started.load(), 0);
+  EXPECT_EQ(sessions_->in_flight(), 0);
+}
+
+TEST_P(GrpcServiceTest, CallClosedWithoutAMessageIsRefusedAsInvalid) {
+  const grpc::Status status = CallWithoutAMessage(/*half_close=*/true, absl::Seconds(60));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("no request message"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(AwaitCounted("rejected"));
+  EXPECT_EQ(metrics_.rejected.Add({{"reason", "invalid_argument"}}).Value(), 1);
+  EXPECT_EQ(orchestrator_.log.started.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(ThreadAndPushMode, GrpcServiceTest, ::testing::Bool(),
